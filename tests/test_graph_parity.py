@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import support
+from sync_replicas import _packing
 
 
 def _build(opt_cls, *, use_resource, variable_averages):
@@ -93,3 +94,75 @@ def test_fused_mode_builds_one_dense_accumulator_per_ps_task(graph):
   assert kinds == [("ConditionalAccumulator", "/job:ps/task:0"),
                    ("ConditionalAccumulator", "/job:ps/task:1"),
                    ("SparseConditionalAccumulator", "/job:ps/task:1")], kinds
+
+
+def _build_many(opt_cls, **options):
+  """12 small dense variables, one large one and a table over 2 ps tasks."""
+  g = tf.Graph()
+  with g.as_default(), tf.compat.v1.device(
+      tf.compat.v1.train.replica_device_setter(
+          ps_tasks=2, worker_device="/job:worker/task:0")):
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    small = [tf.compat.v1.get_variable("v%d" % i, [3, 2] if i % 2 else [5])
+             for i in range(12)]
+    big = tf.compat.v1.get_variable("big", [_packing.MAX_PACKED_ELEMENTS + 1])
+    emb = tf.compat.v1.get_variable("emb", [20, 2])
+    loss = (tf.add_n([tf.reduce_sum(v * v) for v in small + [big]])
+            + tf.reduce_sum(tf.gather(emb, [1, 5])))
+    opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                  replicas_to_aggregate=2, **options)
+    opt.minimize(loss, global_step=gs)
+  return g
+
+
+def test_packed_transfers_keep_every_stock_op_and_accumulator():
+  stock = _build_many(support.STOCK)
+  ours = _build_many(support.OURS, pack_gradient_transfers=True)
+
+  def described(g):
+    return {(op.name, op.type, op.device) for op in g.get_operations()}
+
+  missing = sorted(described(stock) - described(ours))
+  assert not missing, missing[:20]
+  extra = sorted(n for n, _, _ in described(ours) - described(stock))
+  assert all(n.startswith("sync_replicas_status/") for n in extra), extra
+  # Where each stock push takes its gradient from: small ones from a split
+  # on their own ps task, the large one and the sparse one straight from
+  # the worker's gradient, as in stock.
+  sources = {}
+  for op in ours.get_operations():
+    if op.type == "ResourceAccumulatorApplyGradient" and (
+        op.name.startswith("sync_replicas/")):
+      source = op.inputs[2].op
+      if source.type == "Reshape":
+        source = source.inputs[0].op
+      sources[op.inputs[0].op.get_attr("shared_name").decode()] = source
+  splits = {op.device: op for op in ours.get_operations()
+            if op.type == "SplitV"}
+  assert sorted(splits) == ["/job:ps/task:0", "/job:ps/task:1"]
+  for i in range(12):
+    var = ours.get_tensor_by_name("v%d:0" % i)
+    source = sources[var.name + "/grad_accum"]
+    assert source is splits[var.device], (i, source.name)
+  big_source = sources[ours.get_tensor_by_name("big:0").name + "/grad_accum"]
+  assert big_source.type != "SplitV"
+  assert big_source.device == "/job:worker/task:0"
+  for device, split in splits.items():
+    concat = split.inputs[0].op
+    assert concat.type == "ConcatV2"
+    assert concat.device == "/job:worker/task:0"
+    sizes = [6 if i % 2 else 5 for i in range(12)
+             if ours.get_tensor_by_name("v%d:0" % i).device == device]
+    assert concat.outputs[0].shape == [sum(sizes)] and len(sizes) == 6
+
+
+def test_unpacked_transfers_are_stock_routes():
+  """pack_gradient_transfers=False: every push reads the worker's gradient."""
+  ours = _build_many(support.OURS, pack_gradient_transfers=False)
+  assert not [op for op in ours.get_operations()
+              if "packed_transfers" in op.name or op.type == "SplitV"]
+  pushes = [op for op in ours.get_operations()
+            if op.type == "ResourceAccumulatorApplyGradient"
+            and op.name.startswith("sync_replicas/")]
+  assert len(pushes) == 13
+  assert all(p.inputs[2].op.device == "/job:worker/task:0" for p in pushes)

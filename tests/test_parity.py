@@ -52,7 +52,7 @@ class Worker:
   """One worker's graph and session for the parity model."""
 
   def __init__(self, opt_cls, cluster, worker_id, *, make_opt, replicas,
-               total, use_resource, step_dtype, averages):
+               total, use_resource, step_dtype, averages, one_ps=False):
     self.id = worker_id
     self.graph = tf.Graph()
     self.steps_taken = 0
@@ -74,7 +74,8 @@ class Worker:
               "dense", initializer=tf.constant([1.0, -1.0, 0.5, 2.0]))
           self.table_var = tf.compat.v1.get_variable(
               "table", initializer=tf.ones([6, 2]))
-        with tf.compat.v1.device("/job:ps/task:1"):
+        # one_ps: dense and matrix share a ps task (and a packed transfer).
+        with tf.compat.v1.device("/job:ps/task:%d" % (0 if one_ps else 1)):
           self.matrix = tf.compat.v1.get_variable(
               "matrix", initializer=tf.fill([3, 2], 0.25))
           self.frozen = tf.compat.v1.get_variable(
@@ -127,7 +128,7 @@ class Worker:
 
 def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
               make_opt=OPTIMIZERS["sgd"], use_resource=True,
-              step_dtype=tf.int64, averages=False):
+              step_dtype=tf.int64, averages=False, one_ps=False):
   """Runs the waves on a fresh cluster; returns a state snapshot per wave."""
   cluster = sync_replicas.LocalCluster(num_workers=num_workers, num_ps=2)
   workers = []
@@ -136,7 +137,7 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
       workers.append(Worker(opt_cls, cluster, i, make_opt=make_opt,
                             replicas=replicas, total=num_workers,
                             use_resource=use_resource, step_dtype=step_dtype,
-                            averages=averages))
+                            averages=averages, one_ps=one_ps))
     observer = workers[-1]
     snapshots = []
     shadows = observer.read()[1:3] if averages else None
@@ -284,6 +285,43 @@ def test_fused_dense_gradients_match_stock(waves, steps, workers, replicas):
   assert kinds == [("ConditionalAccumulator", "/job:ps/task:0"),
                    ("ConditionalAccumulator", "/job:ps/task:1"),
                    ("SparseConditionalAccumulator", "/job:ps/task:0")]
+
+
+@pytest.mark.parametrize("waves,steps,workers,replicas", [
+    (SYNC_WAVES, SYNC_STEPS, 2, 2),
+    (BACKUP_WAVES, BACKUP_STEPS, 3, 2),
+    (MULTI_WAVES, MULTI_STEPS, 2, 4),
+], ids=["sync", "backup", "multi_batch"])
+def test_packed_transfers_match_stock(waves, steps, workers, replicas):
+  """One transfer per ps task into stock's own accumulators: stock's numbers."""
+
+  def packed(*args, **kwargs):
+    return support.OURS(*args, pack_gradient_transfers=True, **kwargs)
+
+  kwargs = dict(num_workers=workers, replicas=replicas, one_ps=True,
+                make_opt=OPTIMIZERS["adam"])
+  stock, stock_workers = run_waves(support.STOCK, waves, steps, **kwargs)
+  ours, ours_workers = run_waves(packed, waves, steps, **kwargs)
+  assert_same_runs(stock, ours)
+  # Stock's accumulators, one per variable, fed by one split on the ps of
+  # one concatenation on the worker.
+  graphs = [w[0].graph for w in (stock_workers, ours_workers)]
+  accums = [sorted((op.get_attr("shared_name"), op.device)
+                   for op in g.get_operations()
+                   if "ConditionalAccumulator" in op.type) for g in graphs]
+  assert accums[0] == accums[1] and len(accums[1]) == 3
+  ops = {op.name: op for op in graphs[1].get_operations()}
+  split = ops["sync_replicas_status/packed_transfers/unpacked_gradients"]
+  concat = ops["sync_replicas_status/packed_transfers/packed_gradients"]
+  assert split.device == "/job:ps/task:0"
+  assert concat.device == "/job:worker/task:0"
+  assert concat.outputs[0].shape == [4 + 6]
+  # (The status scope's own applies are the restart drain's zero pushes.)
+  pushed = [op.inputs[2].op for op in graphs[1].get_operations()
+            if op.type == "ResourceAccumulatorApplyGradient"
+            and not op.name.startswith("sync_replicas_status/")]
+  assert len(pushed) == 2 and all(
+      p is split or p.inputs[0].op is split for p in pushed), pushed
 
 
 def test_averages_before_tokens_are_current_when_a_worker_resumes():
