@@ -219,8 +219,10 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
       left = time.monotonic()
       cpu_at_last = _cpu_snapshot(spec.get("pool_pids"))
   closed = time.monotonic()
-  read_ms = _time_reads(graph, target, config, reads,
-                        spec.get("read_runs", 20)) if reads else None
+  read_ms = None
+  if reads is not None:
+    read_ms = _time_reads(graph, target, config, reads,
+                          spec.get("read_runs", 20))
   return {
       "first_global_step": steps_at[0][1] if steps_at else None,
       "task": task, "runs": len(latencies), "latencies": latencies,
