@@ -24,6 +24,7 @@ import collections
 import tensorflow as tf
 
 from sync_replicas import _accumulators
+from sync_replicas import _packing
 
 Group = collections.namedtuple("Group", ["device", "dtype", "pairs"])
 
@@ -47,13 +48,6 @@ def shared_name(name, group):
                                         group.dtype.name)
 
 
-def _flat(grad):
-  """``grad`` as a vector; a vector already is one (no Reshape op)."""
-  if grad.shape.rank == 1:
-    return grad
-  return tf.reshape(grad, [-1])
-
-
 def build(group, *, name, local_step, replicas_to_aggregate):
   """Builds one fused accumulator for ``group``.
 
@@ -66,7 +60,7 @@ def build(group, *, name, local_step, replicas_to_aggregate):
   """
   sizes = [var.shape.num_elements() for _, var in group.pairs]
   with tf.compat.v1.name_scope("fused"):
-    packed = tf.concat([_flat(grad) for grad, _ in group.pairs],
+    packed = tf.concat([_packing.flat(grad) for grad, _ in group.pairs],
                        axis=0, name="packed_gradients")
     with tf.compat.v1.device(group.device):
       accum = tf.compat.v1.ConditionalAccumulator(
@@ -74,12 +68,9 @@ def build(group, *, name, local_step, replicas_to_aggregate):
           shared_name=shared_name(name, group))
       push = accum.apply_grad(packed, local_step=local_step)
       take = accum.take_grad(replicas_to_aggregate)
-      parts = tf.split(take, sizes, name="unpacked_gradients")
-      # A part already shaped like its variable (any 1-D variable) is used
-      # as it is: 200 reshapes are 200 more ops in the chief's update.
-      averaged = [part if part.shape == var.shape
-                  else tf.reshape(part, var.shape)
-                  for part, (_, var) in zip(parts, group.pairs)]
+      averaged = _packing.split_to_shapes(
+          take, [var.shape for _, var in group.pairs],
+          name="unpacked_gradients")
   entry = _accumulators.AccumulatorOps(
       accum, group.device, push, take,
       "fused(%s)" % ",".join(v.op.name for _, v in group.pairs),
