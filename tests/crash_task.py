@@ -23,6 +23,9 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
 STEP_MASK = (1 << 32) - 1  # Plain step from a generation-encoded local step.
+# A ps task serves until the test kills it; past this it leaves by itself
+# (longer than pytest-timeout, so only an orphan ever gets there).
+PS_LIFETIME_SECS = 600
 
 
 def _emit(path, **record):
@@ -114,8 +117,13 @@ def main(argv):
   tf.compat.v1.disable_eager_execution()
   if spec["job"] == "ps":
     cluster = tf.train.ClusterSpec(spec["cluster"])
-    tf.distribute.Server(cluster, job_name="ps",
-                         task_index=spec["task"]).join()
+    tf.distribute.Server(cluster, job_name="ps", task_index=spec["task"])
+    # The server serves from its own threads. The test kills this task; the
+    # bound (beyond pytest-timeout's) ends it should the test not get to.
+    time.sleep(PS_LIFETIME_SECS)
+    print("ps: still running after %d s, leaving" % PS_LIFETIME_SECS,
+          file=sys.stderr)
+    return 3
   else:
     _worker(spec)
   return 0

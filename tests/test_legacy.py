@@ -456,10 +456,14 @@ def test_clean_up_op_aborts_on_the_global_step_device(graph):
 
 _PS_SCRIPT = """
 import sys
+import time
 import tensorflow as tf
 spec = tf.train.ClusterSpec({"worker": [sys.argv[1]], "ps": [sys.argv[2]]})
 server = tf.distribute.Server(spec, job_name="ps", task_index=0)
-server.join()
+# The chief's clean-up op aborts this process; if it never comes, leave
+# after a bound instead of serving forever.
+time.sleep(600)
+sys.exit("ps: no Abort after 600 s")
 """
 
 # The chief's side. It lives in a process of its own too: once the ps is
