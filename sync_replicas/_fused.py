@@ -36,11 +36,10 @@ def fusable(grad, var):
 
 def group_by_task(pairs):
   """Groups (grad, var) pairs by (variable device, gradient dtype), in order."""
-  groups = collections.OrderedDict()
-  for grad, var in pairs:
-    groups.setdefault((var.device, grad.dtype), []).append((grad, var))
-  return [Group(device, dtype, members)
-          for (device, dtype), members in groups.items()]
+  pairs = list(pairs)
+  return [Group(device, dtype, [pairs[i] for i in members])
+          for (device, dtype), members in _packing.group_by(
+              pairs, lambda pair: (pair[1].device, pair[0].dtype))]
 
 
 def shared_name(name, group):

@@ -15,8 +15,9 @@ Large gradients keep their own transfer: their cost is bandwidth, which
 packing cannot cut, and a concatenation would copy them once more and make
 them wait for the slowest of the group.
 
-``flat`` and ``split_to_shapes`` are the concatenate-and-split pair; the fused
-accumulators (``_fused``) use them too.
+``group_by``, ``flat`` and ``split_to_shapes`` (group per ps task, concatenate,
+split) are shared with the fused accumulators (``_fused``) and packed reads
+(``reads``).
 """
 
 import collections
@@ -29,10 +30,34 @@ import tensorflow as tf
 MAX_PACKED_ELEMENTS = 1 << 15
 
 
-def _packable(grad, var):
-  return (isinstance(grad, tf.Tensor) and var.shape.is_fully_defined()
-          and grad.shape.is_fully_defined()
-          and grad.shape.num_elements() <= MAX_PACKED_ELEMENTS)
+def small(tensor_or_variable):
+  """Fully shaped and at most MAX_PACKED_ELEMENTS elements: worth packing."""
+  shape = tensor_or_variable.shape
+  return (shape.is_fully_defined()
+          and shape.num_elements() <= MAX_PACKED_ELEMENTS)
+
+
+def group_by(items, key):
+  """Indices of ``items`` grouped by ``key(item)``, in first-seen order.
+
+  Items whose key is None are left out. Returns a list of
+  ``(key, [index, ...])``.
+  """
+  groups = collections.OrderedDict()
+  for i, item in enumerate(items):
+    k = key(item)
+    if k is not None:
+      groups.setdefault(k, []).append(i)
+  return list(groups.items())
+
+
+def _pack_key(pair):
+  grad, var = pair
+  # A variable without a device gives no task to pack for (local runs).
+  if (grad is not None and var.device and isinstance(grad, tf.Tensor)
+      and small(grad)):
+    return var.device, grad.dtype
+  return None
 
 
 def flat(tensor):
@@ -69,14 +94,9 @@ def pack(grads_and_vars, *, scope):
     share.
   """
   grads_and_vars = list(grads_and_vars)
-  groups = collections.OrderedDict()
-  for i, (grad, var) in enumerate(grads_and_vars):
-    # A variable without a device gives no task to pack for (local runs).
-    if grad is not None and var.device and _packable(grad, var):
-      groups.setdefault((var.device, grad.dtype), []).append(i)
   routed = [None] * len(grads_and_vars)
   with tf.compat.v1.name_scope(scope):
-    for (device, _), members in groups.items():
+    for (device, _), members in group_by(grads_and_vars, _pack_key):
       if len(members) < 2:
         continue
       grads = [grads_and_vars[i][0] for i in members]
