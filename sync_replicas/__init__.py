@@ -10,6 +10,7 @@ from sync_replicas.errors import SyncStallError
 from sync_replicas.hook import SyncReplicasOptimizerHook
 from sync_replicas.legacy import SyncReplicasOptimizerV2
 from sync_replicas.optimizer import SyncReplicasOptimizer
+from sync_replicas.reads import read_packed
 
 __version__ = "0.1.0"
 
@@ -21,4 +22,5 @@ __all__ = [
     "SyncReplicasOptimizerHook",
     "SyncReplicasOptimizerV2",
     "__version__",
+    "read_packed",
 ]
