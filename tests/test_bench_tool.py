@@ -50,3 +50,24 @@ def test_bench_writes_runs_summary_table_and_plot(tmp_path):
   table = (out / "table.txt").read_text()
   assert "small" in table and "%.2f" % ratio in table, table
   assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
+  out = tmp_path / "bench"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios",
+       "many,many_packed_reads", "--workers", "1", "--reps", "1",
+       "--impls", "stock,ours", "--secs", "0.5", "--grace", "1",
+       "--out", str(out)],
+      capture_output=True, text=True, timeout=240, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  summary = {e["scenario"]: e for e in map(
+      json.loads, (out / "summary.jsonl").read_text().splitlines())}
+  assert sorted(summary) == ["many", "many_packed_reads"]
+  # Both models read every variable: the floor is measured for each.
+  assert all(e["read_ms_p50"] > 0 for e in summary.values()), summary
+  cross = summary["many_packed_reads"]["ours_vs_stock_plain_reads_grads"]
+  assert cross > 0, summary
+  assert "ours_vs_stock_plain_reads_grads" not in summary["many"]
+  assert ("ours on many_packed_reads / stock on many, W=1: %.2f" % cross
+          in (out / "table.txt").read_text())
