@@ -3,8 +3,8 @@
 A model reads each variable it uses from the variable's ps task once a step:
 one tensor crosses per variable, whichever optimizer trains it. Traced here
 (1 ps, 1 worker, 200 variables of 100 floats), those 200 transfers take about
-10 ms of a 16 ms step once the gradients travel packed: after the pushes,
-the reads are the per-variable cost left. ``read_packed`` reads the small
+10 ms of a 16 ms step once the gradients travel fused: after the pushes, the
+reads are the per-variable cost left. ``read_packed`` reads the small
 variables of each ps task on that task, concatenates them there, one tensor
 crosses, and the caller's device (the worker) splits it back.
 
