@@ -47,17 +47,29 @@ class Generations:
       self.start_op = self._queue.enqueue(1, name="start_generation")
       self.current = self._queue.size() - 1
 
-  def encode(self, steps):
+  def offset(self):
+    """This generation's int64 step offset, read when it is computed.
+
+    Call it under whatever control dependencies order that read; share it
+    between ``encode`` calls under the same ones (one read, not one each).
+    """
+    with tf.compat.v1.device(self._device), \
+        tf.compat.v1.name_scope(self._scope):
+      return tf.cast(self._queue.size() - 1, tf.int64) * GENERATION_STRIDE
+
+  def encode(self, steps, offset=None):
     """``steps`` plus this generation's offset (unchanged for int32 steps).
 
-    The generation is read when the returned tensor is computed, so call it
-    under whatever control dependencies order that read.
+    Without ``offset`` the generation is read when the returned tensor is
+    computed, so call it under whatever control dependencies order that
+    read; with one (from ``offset()``), that read's.
     """
     if not self.enabled:
       return steps
+    if offset is None:
+      offset = self.offset()
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope):
-      offset = tf.cast(self._queue.size() - 1, tf.int64) * GENERATION_STRIDE
       return tf.add(steps, offset, name="with_generation")
 
   def drain_tokens_op(self, token_queue):
