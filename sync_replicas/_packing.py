@@ -16,11 +16,12 @@ packing cannot cut, and a concatenation would copy them once more and make
 them wait for the slowest of the group.
 
 ``group_by``, ``flat`` and ``split_to_shapes`` (group per ps task, concatenate,
-split) are shared with the fused accumulators (``_fused``) and packed reads
-(``reads``).
+split) are shared with the fused accumulators (``_fused``); ``move_packed``
+(all three, across devices) with packed reads (``reads``).
 """
 
 import collections
+import contextlib
 
 import tensorflow as tf
 
@@ -76,6 +77,42 @@ def split_to_shapes(packed, shapes, *, name):
           for part, shape in zip(parts, shapes)]
 
 
+def move_packed(items, key, tensor_of, *, packed_on_group_device,
+                concat_name, split_name):
+  """Moves each group of tensors between two devices as one tensor.
+
+  Groups ``items`` by ``key`` (a ``(device, dtype)`` pair, or None to leave
+  an item alone). For every group of two or more, builds ``tensor_of(item)``
+  for each member, concatenates them (``flat``) and splits the
+  concatenation back into their shapes. With ``packed_on_group_device`` the
+  tensors are built and concatenated on the group's device and split in the
+  caller's device scope (reads from a ps task); otherwise the reverse
+  (pushes to a ps task).
+
+  Returns:
+    A list parallel to ``items``: each packed member's part, None for the
+    others. One tensor has nothing to share, so groups of one are left
+    alone too.
+  """
+  routed = [None] * len(items)
+  for (device, _), members in group_by(items, key):
+    if len(members) < 2:
+      continue
+    there = tf.compat.v1.device(device)
+    here = contextlib.nullcontext()
+    packing, unpacking = ((there, here) if packed_on_group_device
+                          else (here, there))
+    with packing:
+      tensors = [tensor_of(items[i]) for i in members]
+      packed = tf.concat([flat(t) for t in tensors], axis=0, name=concat_name)
+    with unpacking:
+      parts = split_to_shapes(packed, [t.shape for t in tensors],
+                              name=split_name)
+    for i, part in zip(members, parts):
+      routed[i] = part
+  return routed
+
+
 def pack(grads_and_vars, *, scope):
   """Routes small dense gradients to each ps task as one tensor.
 
@@ -90,21 +127,11 @@ def pack(grads_and_vars, *, scope):
   Returns:
     A list parallel to ``grads_and_vars``: for a packed gradient, its values
     on its variable's device; None for one left alone. Only groups of two
-    or more (one device, one dtype) are packed: one tensor has nothing to
-    share.
+    or more (one device, one dtype) are packed.
   """
   grads_and_vars = list(grads_and_vars)
-  routed = [None] * len(grads_and_vars)
   with tf.compat.v1.name_scope(scope):
-    for (device, _), members in group_by(grads_and_vars, _pack_key):
-      if len(members) < 2:
-        continue
-      grads = [grads_and_vars[i][0] for i in members]
-      packed = tf.concat([flat(g) for g in grads], axis=0,
-                         name="packed_gradients")
-      with tf.compat.v1.device(device):
-        parts = split_to_shapes(packed, [g.shape for g in grads],
-                                name="unpacked_gradients")
-      for i, part in zip(members, parts):
-        routed[i] = part
-  return routed
+    return move_packed(grads_and_vars, _pack_key, lambda pair: pair[0],
+                       packed_on_group_device=False,
+                       concat_name="packed_gradients",
+                       split_name="unpacked_gradients")

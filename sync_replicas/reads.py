@@ -80,20 +80,12 @@ def read_packed(variables, name="packed_reads"):
     RuntimeError: eager execution is on.
   """
   _check(variables)
-  values = [None] * len(variables)
   with tf.compat.v1.name_scope(name):
-    for (device, _), members in _packing.group_by(variables, _key):
-      if len(members) < 2:
-        continue
-      group = [variables[i] for i in members]
-      with tf.compat.v1.device(device):
-        # read_value, not the cached value: a caching_device would move the
-        # read off the ps before the concatenation.
-        packed = tf.concat([_packing.flat(v.read_value()) for v in group],
-                           axis=0, name="packed_values")
-      parts = _packing.split_to_shapes(packed, [v.shape for v in group],
-                                       name="unpacked_values")
-      for i, part in zip(members, parts):
-        values[i] = part
+    # read_value, not the cached value: a caching_device would move the read
+    # off the ps before the concatenation.
+    values = _packing.move_packed(
+        variables, _key, lambda var: var.read_value(),
+        packed_on_group_device=True, concat_name="packed_values",
+        split_name="unpacked_values")
   return [value if value is not None else tf.convert_to_tensor(var)
           for var, value in zip(variables, values)]

@@ -1,5 +1,7 @@
 """read_packed: the same values and gradients as plain reads, fewer transfers."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -44,6 +46,23 @@ def _model(use_resource, *, scope):
   return on_ps0 + on_ps1
 
 
+def _reads(variables, packed):
+  """The variables' values, through read_packed or read one by one."""
+  if packed:
+    return sync_replicas.read_packed(variables)
+  return [tf.convert_to_tensor(v) for v in variables]
+
+
+@contextlib.contextmanager
+def _sharded_worker(graph):
+  """``graph`` as default, variables over 2 ps tasks, other ops on the worker."""
+  # The device function needs graph mode: enter the graph first.
+  with graph.as_default(), tf.compat.v1.device(
+      tf.compat.v1.train.replica_device_setter(
+          ps_tasks=2, worker_device="/job:worker/task:0")):
+    yield
+
+
 def _loss(values):
   # Nonlinear in every value, so each gradient depends on what was read.
   return tf.add_n([tf.cast(tf.reduce_sum(tf.sin(v) * v), tf.float32)
@@ -57,8 +76,8 @@ def test_values_and_gradients_equal_plain_reads(use_resource):
   g = tf.Graph()
   with g.as_default(), tf.compat.v1.device("/job:worker/task:0"):
     variables = _model(use_resource, scope="vg_%s" % use_resource)
-    plain = [tf.convert_to_tensor(v) for v in variables]
-    packed = sync_replicas.read_packed(variables)
+    plain = _reads(variables, packed=False)
+    packed = _reads(variables, packed=True)
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     grads_plain = [gr for gr, _ in opt.compute_gradients(_loss(plain),
                                                          variables)]
@@ -114,13 +133,10 @@ def test_one_tensor_crosses_per_ps_task():
   counts = {}
   for packed in (False, True):
     g = tf.Graph()
-    with g.as_default(), tf.compat.v1.device(
-        tf.compat.v1.train.replica_device_setter(
-            ps_tasks=2, worker_device="/job:worker/task:0")):
+    with _sharded_worker(g):
       variables = [tf.compat.v1.get_variable("t%s_%d" % (packed, i), [10])
                    for i in range(40)]
-      values = (sync_replicas.read_packed(variables) if packed
-                else [tf.convert_to_tensor(v) for v in variables])
+      values = _reads(variables, packed)
       total = tf.add_n([tf.reduce_sum(v) for v in values])
       init = tf.compat.v1.global_variables_initializer()
     counts[packed] = _traced_recvs(cluster.worker_targets[0], g, total, init)
@@ -136,13 +152,10 @@ def test_sync_training_through_packed_reads_equals_plain_reads(opt_cls):
   results = {}
   for packed in (False, True):
     g = tf.Graph()
-    with g.as_default(), tf.compat.v1.device(
-        tf.compat.v1.train.replica_device_setter(
-            ps_tasks=2, worker_device="/job:worker/task:0")):
+    with _sharded_worker(g):
       variables = _model(True, scope="m")
       global_step = tf.compat.v1.train.get_or_create_global_step()
-      values = (sync_replicas.read_packed(variables) if packed
-                else [tf.convert_to_tensor(v) for v in variables])
+      values = _reads(variables, packed)
       opt = opt_cls(tf.compat.v1.train.AdamOptimizer(0.01),
                     replicas_to_aggregate=1, total_num_replicas=1)
       train_op = opt.minimize(_loss(values), global_step=global_step)
