@@ -45,7 +45,6 @@ class Generations:
           -1, tf.int32, shapes=(), name="generations",
           shared_name=token_queue_shared_name + "_generations")
       self.start_op = self._queue.enqueue(1, name="start_generation")
-      self.current = self._queue.size() - 1
 
   def offset(self):
     """This generation's int64 step offset, read when it is computed.
