@@ -6,6 +6,8 @@ cluster and writes what its README promises, so that a broken benchmark
 shows up in CI rather than in the next person's measurement.
 """
 
+import importlib.machinery
+import importlib.util
 import json
 import pathlib
 import subprocess
@@ -71,3 +73,52 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
   assert "ours_vs_stock_plain_reads_grads" not in summary["many"]
   assert ("ours on many_packed_reads / stock on many, W=1: %.2f" % cross
           in (out / "table.txt").read_text())
+
+
+def _bench_module():
+  loader = importlib.machinery.SourceFileLoader("bench",
+                                                str(ROOT / "tools" / "bench"))
+  spec = importlib.util.spec_from_loader("bench", loader)
+  module = importlib.util.module_from_spec(spec)
+  loader.exec_module(module)
+  return module
+
+
+def test_median_interval_is_the_sign_test_interval():
+  bench = _bench_module()
+  assert bench.median_interval([1.0]) is None
+  # Too few repetitions for 90%: the whole range, at its real coverage.
+  assert bench.median_interval([1.1, 0.9, 1.0]) == (0.9, 1.1, 0.75)
+  assert bench.median_interval([5, 1, 4, 2, 3]) == (1, 5, 1 - 2 / 32)
+  # 8 values: the 2nd smallest and 2nd largest cover with 1 - 2*9/256.
+  low, high, coverage = bench.median_interval([8, 3, 1, 7, 2, 6, 5, 4])
+  assert (low, high) == (2, 7)
+  assert coverage == 1 - 2 * 9 / 256
+  # A higher target widens it.
+  assert bench.median_interval(list(range(8)), confidence=0.99)[:2] == (0, 7)
+
+
+def test_verdict_calls_a_cell_slower_only_when_its_interval_is():
+  bench = _bench_module()
+  assert bench.verdict(None) is None
+  assert bench.verdict((0.83, 0.95, 0.93)) == "slower"
+  assert bench.verdict((1.02, 1.3, 0.93)) == "faster"
+  assert bench.verdict((0.9, 1.2, 0.93)) == "equal within noise"
+  assert bench.verdict((0.9, 1.0, 0.93)) == "equal within noise"
+
+
+def test_summary_reports_the_interval_of_ours_over_stock():
+  bench = _bench_module()
+  rows = []
+  for rep, (stock, ours) in enumerate([(100, 90), (100, 95), (200, 180),
+                                       (100, 80), (50, 47)]):
+    for impl, grads in (("stock", stock), ("ours", ours)):
+      rows.append({"scenario": "flat", "workers": 1, "impl": impl,
+                   "rep": rep, "metrics": {"grads_per_s": grads,
+                                           "global_steps_per_s": grads}})
+  (entry,) = bench.summarize(rows)
+  assert entry["ours_vs_stock_grads"] == 0.9
+  assert entry["ours_vs_stock_grads_interval"] == [0.8, 0.95]
+  assert entry["ours_vs_stock_verdict"] == "slower"
+  text = bench.table([entry])
+  assert "0.80-0.95" in text and "ours slower than stock: flat W=1" in text
