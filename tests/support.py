@@ -4,7 +4,10 @@ Every wait here has a deadline and names what it waited for, so a hang fails
 the test with a message instead of stalling CI.
 """
 
+import importlib.machinery
+import importlib.util
 import os
+import pathlib
 import signal
 import threading
 import time
@@ -16,6 +19,19 @@ import sync_replicas
 
 STOCK = tf.compat.v1.train.SyncReplicasOptimizer
 OURS = sync_replicas.SyncReplicasOptimizer
+
+#: The project's tools/ folder.
+TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
+
+
+def load_tool(name):
+  """tools/<name>, a script without a .py suffix, imported as a module."""
+  loader = importlib.machinery.SourceFileLoader(name, str(TOOLS / name))
+  spec = importlib.util.spec_from_loader(name, loader)
+  module = importlib.util.module_from_spec(spec)
+  loader.exec_module(module)
+  return module
+
 
 #: No single op in these tests may block longer than this.
 OP_TIMEOUT_MS = 30_000

@@ -6,12 +6,12 @@ cluster and writes what its README promises, so that a broken benchmark
 shows up in CI rather than in the next person's measurement.
 """
 
-import importlib.machinery
-import importlib.util
 import json
 import pathlib
 import subprocess
 import sys
+
+import support
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -75,17 +75,8 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
           in (out / "table.txt").read_text())
 
 
-def _bench_module():
-  loader = importlib.machinery.SourceFileLoader("bench",
-                                                str(ROOT / "tools" / "bench"))
-  spec = importlib.util.spec_from_loader("bench", loader)
-  module = importlib.util.module_from_spec(spec)
-  loader.exec_module(module)
-  return module
-
-
 def test_median_interval_is_the_sign_test_interval():
-  bench = _bench_module()
+  bench = support.load_tool("bench")
   assert bench.median_interval([1.0]) is None
   # Too few repetitions for 90%: the whole range, at its real coverage.
   assert bench.median_interval([1.1, 0.9, 1.0]) == (0.9, 1.1, 0.75)
@@ -99,7 +90,7 @@ def test_median_interval_is_the_sign_test_interval():
 
 
 def test_verdict_calls_a_cell_slower_only_when_its_interval_is():
-  bench = _bench_module()
+  bench = support.load_tool("bench")
   assert bench.verdict(None) is None
   assert bench.verdict((0.83, 0.95, 0.93)) == "slower"
   assert bench.verdict((1.02, 1.3, 0.93)) == "faster"
@@ -108,7 +99,7 @@ def test_verdict_calls_a_cell_slower_only_when_its_interval_is():
 
 
 def test_summary_reports_the_interval_of_ours_over_stock():
-  bench = _bench_module()
+  bench = support.load_tool("bench")
   rows = []
   for rep, (stock, ours) in enumerate([(100, 90), (100, 95), (200, 180),
                                        (100, 80), (50, 47)]):

@@ -169,13 +169,7 @@ def test_bad_arguments_are_refused(argv, message):
 
 
 def test_tf_config_names_chief_workers_and_ps_on_loopback():
-  # The launcher is a script, not a module: load it by path.
-  import importlib.machinery  # pylint: disable=g-import-not-at-top
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  loader = importlib.machinery.SourceFileLoader("launch", str(LAUNCH))
-  spec = importlib.util.spec_from_loader("launch", loader)
-  launch = importlib.util.module_from_spec(spec)
-  loader.exec_module(launch)
+  launch = support.load_tool("launch")
   cluster = launch.cluster_spec(num_ps=2, num_workers=3)
   assert [len(cluster[j]) for j in ("chief", "worker", "ps")] == [1, 2, 2]
   addresses = [a for hosts in cluster.values() for a in hosts]

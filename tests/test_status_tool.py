@@ -5,8 +5,6 @@ accumulated, tokens queued), runs the tool and checks both what it printed and
 that the state is exactly as before: the tool must never take or dequeue.
 """
 
-import importlib.machinery
-import importlib.util
 import io
 import json
 import pathlib
@@ -16,18 +14,7 @@ import pytest
 import sync_replicas
 import support
 
-TOOL = pathlib.Path(__file__).resolve().parent.parent / "tools" / "status"
-
-
-def _load_tool():
-  loader = importlib.machinery.SourceFileLoader("status_tool", str(TOOL))
-  spec = importlib.util.spec_from_loader("status_tool", loader)
-  module = importlib.util.module_from_spec(spec)
-  loader.exec_module(module)
-  return module
-
-
-status_tool = _load_tool()
+status_tool = support.load_tool("status")
 
 
 @pytest.fixture
