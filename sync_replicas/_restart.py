@@ -15,7 +15,16 @@ an int64 global step, tokens and accumulator steps carry ``step + generation
 * 2**32``, so a local step from an earlier generation is always older than
 the accumulator's and its gradients are dropped. On the first start the
 generation is 0 and every value is stock's. The chief's init op also empties
-the token queue and every accumulator of what an earlier chief left behind.
+every accumulator of what an earlier chief left behind and, from the second
+start on, the token queue.
+
+What it relies on: ``chief_init_op`` (the hook's and the TF 0.12 Supervisor
+recipe's chief local init). Scripts that never run it (a Supervisor with its
+default local init op, a plain Session with the initializers run by hand)
+leave the queue empty; an empty queue is generation 0 too, so every value is
+stock's and restarts behave as stock's (nothing cleared, no generation).
+The token drain only runs from the second start on, so a script that runs
+the init-tokens op before ``chief_init_op`` keeps its tokens, as with stock.
 
 int32 global steps have no room for the generation: they keep stock's values
 (the leftovers are still cleared).
@@ -54,7 +63,16 @@ class Generations:
     """
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope):
-      return tf.cast(self._queue.size() - 1, tf.int64) * GENERATION_STRIDE
+      return tf.cast(self._generation(), tf.int64) * GENERATION_STRIDE
+
+  def _generation(self):
+    """Starts minus one, and 0 when ``chief_init_op`` never ran (no start).
+
+    Without the floor, a script that never runs ``chief_init_op`` would read
+    generation -1 and shift every token 2**32 below the accumulators' steps:
+    every push stale, training stalled after the first update (issue 16).
+    """
+    return tf.maximum(self._queue.size() - 1, 0, name="generation")
 
   def encode(self, steps, offset=None):
     """``steps`` plus this generation's offset (unchanged for int32 steps).
@@ -72,9 +90,16 @@ class Generations:
       return tf.add(steps, offset, name="with_generation")
 
   def drain_tokens_op(self, token_queue):
-    """Empties the token queue (after the generation moved on)."""
+    """Empties the token queue once the generation moved past 0.
+
+    On a restart, what is queued carries an earlier generation's steps. On
+    the first start nothing earlier exists, and the queue may already hold
+    the init tokens (a script that runs the init-tokens op before
+    ``chief_init_op``, valid with stock): those stay.
+    """
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope), \
         tf.control_dependencies([self.start_op]):
-      return token_queue.dequeue_up_to(token_queue.size(),
-                                       name="drain_tokens").op
+      restarted = tf.greater(self._generation(), 0)
+      count = tf.where(restarted, token_queue.size(), 0)
+      return token_queue.dequeue_up_to(count, name="drain_tokens").op
