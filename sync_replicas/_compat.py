@@ -73,6 +73,15 @@ def session_config(session):
   return getattr(session, "_config", None)
 
 
+def session_closed(session):
+  """True once ``session.close()`` ran.
+
+  A session says so only through a private flag; the chief's runner needs it
+  to follow a session that is closed without a stop request.
+  """
+  return bool(getattr(session, "_closed", False))
+
+
 #: The packages a Keras optimizer may come from: Keras itself (2 on TF 2.15,
 #: 3 from 2.16 on, as ``tf.keras``) and tf_keras (Keras 2 for any TF).
 _KERAS_PACKAGES = ("tf_keras", "keras")

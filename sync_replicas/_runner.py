@@ -21,6 +21,11 @@ avoids the wait:
   enough gradients (a read-only check, polled with a bounded wait), and
   checks for a stop between polls.
 
+All of this needs a coordinator, the only way to ask for a stop: called
+without one (a plain Session script's ``create_threads(sess)``), the runner
+makes stock's QueueRunner threads instead. A chief session closed without a
+stop request ends the remote loop as it ends stock's thread.
+
 With an aggregation deadline (``min_replicas_to_aggregate``) the loop polls
 the accumulators' counts instead of blocking in ``take_grad``: it runs the
 sync op with the full count as soon as every accumulator has it, or, once the
@@ -52,6 +57,9 @@ LOCAL_POLL_SECS = 0.002
 #: Bound on closing the token queue at stop: a ps that died (the usual reason
 #: for a recovery close) must not hold the chief's close for long.
 CLOSE_QUEUE_TIMEOUT_MS = 5000
+#: How often the remote runner checks whether the chief's own session was
+#: closed without a stop request, in seconds.
+SESSION_CHECK_SECS = 0.5
 
 # num_required: the tensor every take waits for (a placeholder with default
 # replicas_to_aggregate); min_replicas: the fewest gradients an update after
@@ -96,36 +104,25 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
 
     Same contract as ``QueueRunner.create_threads``: with a coordinator the
     threads report errors to it and end when it stops; no new threads are
-    made while earlier ones for the same session still run.
+    made while earlier ones for the same session still run. Without a
+    coordinator nothing can ask for a stop, so the threads are stock's own
+    (a prompt stop needs a coordinator to be prompt about).
+
+    Raises:
+      ValueError: Without a coordinator, when an aggregation deadline is set:
+        its polling loop needs one to end.
     """
-    threads = []
-    if self._prompt_stop:
-      with self._guard:
-        if sess in self._running:
-          return []
-        self._running.add(sess)
-      if sess.sess_str:
-        runner_sess = tf.compat.v1.Session(
-            sess.sess_str, graph=sess.graph,
-            config=_compat.session_config(sess))
-        threads.append(threading.Thread(
-            target=self._run_remote, args=(sess, runner_sess, coord),
-            name="SyncQueueRunner-%s" % self.name))
-        if coord is not None:
-          threads.append(threading.Thread(
-              target=self._close_on_stop_remote,
-              args=(sess, runner_sess, coord),
-              name="SyncQueueRunnerStop-%s" % self.name))
-      else:
-        threads.append(threading.Thread(
-            target=self._run_local, args=(sess, coord),
-            name="SyncQueueRunner-%s" % self.name))
-        if coord is not None:
-          threads.append(threading.Thread(
-              target=self._close_on_stop, args=(sess, self._close_ops(), coord),
-              name="SyncQueueRunnerStop-%s" % self.name))
-    else:
+    if coord is None and self._deadline is not None:
+      raise ValueError(
+          "The chief queue runner of an optimizer with "
+          "aggregation_deadline_secs=%s needs a coordinator, got coord=None. "
+          "Pass coord=tf.compat.v1.train.Coordinator() to create_threads "
+          "(the hook, Supervisor and MonitoredTrainingSession do)."
+          % (self._deadline.secs,))
+    if not self._prompt_stop or coord is None:
       threads = super().create_threads(sess, coord=coord)
+    else:
+      threads = self._prompt_threads(sess, coord)
     if (coord is not None and threads
         and (self._stall_log_secs or self._stall_timeout_secs)):
       threads.append(threading.Thread(
@@ -139,6 +136,29 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         t.start()
     return threads
 
+  def _prompt_threads(self, sess, coord):
+    """The sync loop and its closer, for a session with a coordinator."""
+    with self._guard:
+      if sess in self._running:
+        return []
+      self._running.add(sess)
+    if not sess.sess_str:
+      return [
+          threading.Thread(target=self._run_local, args=(sess, coord),
+                           name="SyncQueueRunner-%s" % self.name),
+          threading.Thread(target=self._close_on_stop,
+                           args=(sess, self._close_ops(), coord),
+                           name="SyncQueueRunnerStop-%s" % self.name)]
+    runner_sess = tf.compat.v1.Session(
+        sess.sess_str, graph=sess.graph, config=_compat.session_config(sess))
+    return [
+        threading.Thread(target=self._run_remote,
+                         args=(sess, runner_sess, coord),
+                         name="SyncQueueRunner-%s" % self.name),
+        threading.Thread(target=self._close_on_stop_remote,
+                         args=(sess, runner_sess, coord),
+                         name="SyncQueueRunnerStop-%s" % self.name)]
+
   # ---------------------------------------------------------------- loops
 
   def _finish(self, sess):
@@ -146,14 +166,10 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       self._running.discard(sess)
 
   def _stopping(self, coord):
-    return coord is not None and coord.should_stop()
+    return coord.should_stop()
 
   def _report(self, coord, error):
-    if coord is not None:
-      coord.request_stop(error)
-    else:
-      _LOG.error("Exception in SyncQueueRunner: %s", error)
-      self._exceptions_raised.append(error)
+    coord.request_stop(error)
 
   def _close_ops(self):
     if self._extra_close_op is None:
@@ -174,11 +190,17 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         self._report(coord, e)
     finally:
       self._finish(sess)
-      if coord is None:
-        runner_sess.close()
 
   def _close_on_stop_remote(self, sess, runner_sess, coord):
-    coord.wait_for_stop()
+    # Stock's thread runs on the user's session, so closing that session
+    # (without a stop request) cancels it; ours runs on its own session,
+    # which must then follow, or it would keep taking gradients for good.
+    while not coord.wait_for_stop(SESSION_CHECK_SECS):
+      if _compat.session_closed(sess):
+        _LOG.debug("the chief's session closed without a stop request: "
+                    "closing the sync loop's session too")
+        runner_sess.close()
+        return
     # Tokens first: workers waiting for one end now instead of at the op
     # timeout. Then our session: that cancels a take blocked on the ps.
     try:
@@ -198,10 +220,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       while not self._stopping(coord):
         if is_ready():
           run_sync()
-        elif coord is not None:
-          coord.wait_for_stop(LOCAL_POLL_SECS)
         else:
-          time.sleep(LOCAL_POLL_SECS)
+          coord.wait_for_stop(LOCAL_POLL_SECS)
     except Exception as e:  # pylint: disable=broad-except
       if not self._stopping(coord):
         self._report(coord, e)
@@ -234,10 +254,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
             deadline.secs, int(step) + 1, have, full)
         run_sync(have)
       else:
-        if coord is not None:
-          coord.wait_for_stop(LOCAL_POLL_SECS)
-        else:
-          time.sleep(LOCAL_POLL_SECS)
+        coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
       last_update = self._clock()
 

@@ -21,6 +21,7 @@ import pytest
 import tensorflow as tf
 
 import support
+import sync_replicas
 
 RUN_OPTIONS = tf.compat.v1.RunOptions(timeout_in_ms=support.OP_TIMEOUT_MS)
 
@@ -74,3 +75,306 @@ def test_plain_session_without_chief_init_op_trains_as_stock(impl, dtype):
   for _ in range(3):  # SGD on sum(v * v): v - 0.1 * (v + v), in float32.
     expected = expected - np.float32(0.1) * (expected + expected)
   np.testing.assert_array_equal(values, expected)
+
+
+# ------------------------------------------------------------------ the matrix
+
+#: Both workers step together; round 2's gradients are stale (the initial
+#: tokens carried step 0), so 6 rounds make 5 updates.
+ROUNDS = 6
+STEPS_AFTER_ROUND = [1, 1, 2, 3, 4, 5]
+#: Stock's chief cannot stop its blocked runner thread: closing it waits this.
+GRACE_SECS = 1
+
+
+class _Worker:
+  """One worker's graph: ``y = x . w`` by SGD, variables on the ps."""
+
+  def __init__(self, opt_cls, target, task, *, step_dtype):
+    self.task = task
+    self.is_chief = task == 0
+    self.target = target
+    self.graph = tf.Graph()
+    rng = np.random.default_rng(7 + task)
+    # Multiples of 1/8: every sum and mean of two gradients is exact.
+    xs = rng.integers(-8, 9, size=(8, 4)).astype(np.float32) / 8
+    ys = xs @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    with self.graph.as_default(), tf.compat.v1.device(
+        tf.compat.v1.train.replica_device_setter(
+            ps_tasks=1, worker_device="/job:worker/task:%d" % task)):
+      if step_dtype == tf.int64:
+        self.global_step = tf.compat.v1.train.get_or_create_global_step()
+      else:
+        self.global_step = tf.compat.v1.Variable(
+            0, dtype=tf.int32, trainable=False, name="global_step",
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                         tf.compat.v1.GraphKeys.GLOBAL_STEP])
+      self.w = tf.compat.v1.get_variable(
+          "w", [4], initializer=tf.zeros_initializer())
+      loss = tf.reduce_sum(tf.square(
+          tf.linalg.matvec(tf.constant(xs), self.w) - ys)) / 8
+      self.opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(0.125),
+                         replicas_to_aggregate=2, total_num_replicas=2)
+      self.train_op = self.opt.minimize(loss, global_step=self.global_step)
+      self.local_step = support.local_step_variable(self.graph)
+      self.init_tokens = (self.opt.get_init_tokens_op() if self.is_chief
+                          else None)
+      self.init_op = tf.compat.v1.global_variables_initializer()
+      self.local_init = tf.compat.v1.local_variables_initializer()
+      self.uninitialized = tf.compat.v1.report_uninitialized_variables(
+          tf.compat.v1.global_variables())
+
+
+class _Session:
+  """A started worker session: ``sess`` runs ops, ``close()`` ends it all."""
+
+  def __init__(self, sess, close):
+    self.sess = sess
+    self.close = close
+
+
+def _mts_hook(worker):
+  """MonitoredTrainingSession with the optimizer's hook (chief, non-chief)."""
+  with worker.graph.as_default():
+    hook = worker.opt.make_session_run_hook(worker.is_chief)
+    sess = support.monitored_session(worker.target, is_chief=worker.is_chief,
+                                     hooks=[hook],
+                                     stop_grace_period_secs=GRACE_SECS)
+  return _Session(sess, sess.close)
+
+
+def _scaffold(worker):
+  """A Scaffold with a local_init_op of its own, and the hook."""
+  with worker.graph.as_default():
+    mine = tf.compat.v1.Variable(0, trainable=False, name="mine",
+                                 collections=[])
+    scaffold = tf.compat.v1.train.Scaffold(local_init_op=tf.group(
+        tf.compat.v1.local_variables_initializer(), mine.initializer))
+    hook = worker.opt.make_session_run_hook(worker.is_chief)
+    sess = support.monitored_session(worker.target, is_chief=worker.is_chief,
+                                     hooks=[hook], scaffold=scaffold,
+                                     stop_grace_period_secs=GRACE_SECS)
+  return _Session(sess, sess.close)
+
+
+def _supervisor(worker, *, recipe_012):
+  """A Supervisor, with TF 0.12's recipe or with its default local init.
+
+  The 0.12 recipe makes ``chief_init_op`` (or ``local_step_init_op``) the
+  local init op; the default one (tensorflow/models' Inception script)
+  initializes local variables only, so ``chief_init_op`` never runs.
+  """
+  opt = worker.opt
+  with worker.graph.as_default():
+    kwargs = {}
+    if recipe_012:
+      kwargs = dict(local_init_op=(opt.chief_init_op if worker.is_chief
+                                   else opt.local_step_init_op),
+                    ready_for_local_init_op=opt.ready_for_local_init_op)
+    sv = tf.compat.v1.train.Supervisor(
+        is_chief=worker.is_chief, logdir=None, init_op=worker.init_op,
+        recovery_wait_secs=0.2, global_step=worker.global_step,
+        save_model_secs=0, save_summaries_secs=0, stop_grace_secs=GRACE_SECS,
+        **kwargs)
+    sess = sv.prepare_or_wait_for_session(
+        worker.target, config=support.session_config(), max_wait_secs=30)
+    if worker.is_chief:
+      if recipe_012:
+        sv.start_queue_runners(sess, [opt.get_chief_queue_runner()])
+        sess.run(worker.init_tokens)
+      else:  # The Inception script's order: runners first, then the tokens.
+        sv.start_queue_runners(sess, [opt.get_chief_queue_runner()])
+        sess.run(worker.init_tokens)
+
+  def close():
+    try:
+      sv.stop()
+    finally:
+      sess.close()
+  return _Session(sess, close)
+
+
+def _plain_session(worker, *, tokens_first=False):
+  """A plain Session with everything run by hand, chief_init_op included.
+
+  ``tokens_first`` runs the init tokens before ``chief_init_op``: an order
+  stock allows (its chief_init_op never touches the token queue).
+  """
+  opt = worker.opt
+  sess = tf.compat.v1.Session(worker.target, graph=worker.graph,
+                              config=support.session_config())
+  coord = tf.compat.v1.train.Coordinator()
+  threads = []
+  if worker.is_chief:
+    sess.run([worker.init_op, worker.local_init])
+    if tokens_first:
+      sess.run(worker.init_tokens)
+    sess.run(opt.chief_init_op)
+    if not tokens_first:
+      sess.run(worker.init_tokens)
+    threads = opt.get_chief_queue_runner().create_threads(
+        sess, coord=coord, daemon=True, start=True)
+  else:
+    support.wait_until(lambda: not sess.run(worker.uninitialized).size,
+                       timeout=30, what="the chief's initialization")
+    sess.run([worker.local_init, opt.local_step_init_op])
+
+  def close():
+    coord.request_stop()
+    try:
+      coord.join(threads, stop_grace_period_secs=GRACE_SECS)
+    finally:
+      sess.close()
+  return _Session(sess, close)
+
+
+MODES = {
+    "monitored_session_hook": _mts_hook,
+    "scaffold_local_init_op": _scaffold,
+    "supervisor_tf012_recipe": lambda w: _supervisor(w, recipe_012=True),
+    "supervisor_default_local_init": (
+        lambda w: _supervisor(w, recipe_012=False)),
+    "plain_session_by_hand": _plain_session,
+    "plain_session_tokens_before_chief_init": (
+        lambda w: _plain_session(w, tokens_first=True)),
+}
+
+
+def _train(opt_cls, mode, step_dtype):
+  """Runs ROUNDS rounds in ``mode``; returns (steps, local steps, w, close error).
+
+  The close error is what closing the chief raised (stock's runner thread
+  outlives the grace period in several modes), or None.
+  """
+  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  workers = [_Worker(opt_cls, cluster.worker_targets[t], t,
+                     step_dtype=step_dtype) for t in range(2)]
+  # The chief first, so the other finds the model initialized.
+  sessions = []
+  close_error = None
+  try:
+    for w in workers:
+      sessions.append(MODES[mode](w))
+    chief = sessions[0].sess
+    steps = []
+    for want in STEPS_AFTER_ROUND:
+      support.run_concurrently([(s.sess.run, w.train_op)
+                                for w, s in zip(workers, sessions)])
+      support.wait_until(lambda: chief.run(workers[0].global_step) >= want,
+                         timeout=30, what="global step %d" % want)
+      steps.append(int(chief.run(workers[0].global_step)))
+    local_steps = [int(s.sess.run(w.local_step))
+                   for w, s in zip(workers, sessions)]
+    values = chief.run(workers[0].w)
+  finally:
+    # Non-chief first: the chief's runner is the last to need the ps.
+    for s in reversed(sessions):
+      try:
+        s.close()
+      except RuntimeError as e:
+        close_error = e
+  return steps, local_steps, values, close_error
+
+
+@pytest.mark.parametrize("step_dtype", [tf.int64, tf.int32],
+                         ids=["int64", "int32"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_drive_mode_gives_stocks_numbers(mode, step_dtype):
+  stock = _train(support.STOCK, mode, step_dtype)
+  ours = _train(support.OURS, mode, step_dtype)
+  assert ours[0] == stock[0] == STEPS_AFTER_ROUND
+  assert ours[1] == stock[1] == [ROUNDS - 1, ROUNDS - 1]
+  np.testing.assert_array_equal(ours[2], stock[2])
+  assert not np.array_equal(ours[2], np.zeros(4, np.float32))
+  # Ours closes cleanly in every mode; stock, where it fails, fails only in
+  # its documented way: the runner thread outlived the grace period.
+  assert ours[3] is None, ours[3]
+  if stock[3] is not None:
+    assert "threads still running" in str(stock[3])
+
+
+# ------------------------------------------- what prompt stop relies on: coord
+
+
+def _one_worker(target, opt_cls=support.OURS, **opt_kwargs):
+  """A one-replica graph; returns (graph, opt, train_op, global_step)."""
+  del target  # Graphs are target-free; the session picks the server.
+  graph = tf.Graph()
+  with graph.as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    v = tf.compat.v1.Variable([1.0, 2.0])
+    opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                  replicas_to_aggregate=1, **opt_kwargs)
+    train_op = opt.minimize(tf.reduce_sum(v * v), global_step=global_step)
+  return graph, opt, train_op, global_step
+
+
+def _started_session(target, graph, opt):
+  sess = tf.compat.v1.Session(target, graph=graph,
+                              config=support.session_config())
+  with graph.as_default():
+    sess.run([tf.compat.v1.global_variables_initializer(),
+              tf.compat.v1.local_variables_initializer()])
+    sess.run(opt.chief_init_op)
+    sess.run(opt.get_init_tokens_op())
+  return sess
+
+
+def test_create_threads_without_coordinator_makes_stocks_threads():
+  """No coordinator, no stop request: the threads are stock's QueueRunner's."""
+  server = tf.distribute.Server.create_local_server()
+  graph, opt, train_op, global_step = _one_worker(server.target)
+  sess = _started_session(server.target, graph, opt)
+  try:
+    threads = opt.get_chief_queue_runner().create_threads(
+        sess, daemon=True, start=True)
+    assert [t.name for t in threads] == [
+        "QueueRunnerThread-sync_token_q-sync_token_q_EnqueueMany"]
+    for want in (1, 1, 2):
+      sess.run(train_op, options=RUN_OPTIONS)
+      support.wait_until(lambda: sess.run(global_step) >= want, timeout=30,
+                         what="global step %d" % want)
+  finally:
+    sess.close()  # Cancels the thread's blocked take, as with stock.
+  for t in threads:
+    t.join(30)
+    assert not t.is_alive(), "stock's runner thread outlived its session"
+
+
+def test_closing_the_chief_session_without_a_stop_ends_the_runner(impl):
+  """Stock's thread dies with its session; ours (on a session of its own)
+  must follow, or it would keep taking gradients after the script moved on.
+  Both report the cancelled step to the coordinator."""
+  server = tf.distribute.Server.create_local_server()
+  graph, opt, train_op, global_step = _one_worker(server.target, impl)
+  sess = _started_session(server.target, graph, opt)
+  coord = tf.compat.v1.train.Coordinator()
+  try:
+    threads = opt.get_chief_queue_runner().create_threads(
+        sess, coord=coord, daemon=True, start=True)
+    sess.run(train_op, options=RUN_OPTIONS)
+    support.wait_until(lambda: sess.run(global_step) >= 1, timeout=30,
+                       what="global step 1")
+  finally:
+    sess.close()
+  loop = [t for t in threads if t.name.startswith("SyncQueueRunner-")
+          or t.name.endswith("_EnqueueMany")]
+  assert len(loop) == 1, [t.name for t in threads]
+  loop[0].join(30)
+  assert not loop[0].is_alive(), (
+      "the sync loop still runs 30 s after its chief session closed")
+  with pytest.raises(tf.errors.CancelledError):
+    coord.join(threads, stop_grace_period_secs=30)
+
+
+def test_deadline_runner_without_coordinator_says_what_to_pass():
+  server = tf.distribute.Server.create_local_server()
+  graph, opt, _, _ = _one_worker(server.target, min_replicas_to_aggregate=1,
+                                 aggregation_deadline_secs=1.0)
+  sess = tf.compat.v1.Session(server.target, graph=graph)
+  try:
+    with pytest.raises(ValueError, match=r"needs a coordinator, got "
+                       r"coord=None\. Pass coord="):
+      opt.get_chief_queue_runner().create_threads(sess)
+  finally:
+    sess.close()
