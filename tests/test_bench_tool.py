@@ -1,9 +1,11 @@
-"""tools/bench end to end, at its smallest: one short run of each kind.
+"""tools/bench end to end, at its smallest, and its report on known numbers.
 
 Not a speed test (ratios on a shared 2-core machine mean nothing in a unit
 test): it checks that the tool runs stock, ours and async on a real process
-cluster and writes what its README promises, so that a broken benchmark
-shows up in CI rather than in the next person's measurement.
+cluster and writes what docs/benchmarks.md promises, so that a broken
+benchmark shows up in CI rather than in the next person's measurement. The
+report's statistics (tools/bench_report.py) and the protocol's messages
+(tools/_bench_protocol.py) are imported and checked directly.
 """
 
 import json
@@ -11,7 +13,13 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import support
+
+sys.path.insert(0, str(support.TOOLS))
+import _bench_protocol  # pylint: disable=g-import-not-at-top
+import bench_report  # pylint: disable=g-import-not-at-top
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -76,7 +84,7 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
 
 
 def test_median_interval_is_the_sign_test_interval():
-  bench = support.load_tool("bench")
+  bench = bench_report
   assert bench.median_interval([1.0]) is None
   # Too few repetitions for 90%: the whole range, at its real coverage.
   assert bench.median_interval([1.1, 0.9, 1.0]) == (0.9, 1.1, 0.75)
@@ -90,7 +98,7 @@ def test_median_interval_is_the_sign_test_interval():
 
 
 def test_verdict_calls_a_cell_slower_only_when_its_interval_is():
-  bench = support.load_tool("bench")
+  bench = bench_report
   assert bench.verdict(None) is None
   assert bench.verdict((0.83, 0.95, 0.93)) == "slower"
   assert bench.verdict((1.02, 1.3, 0.93)) == "faster"
@@ -99,7 +107,7 @@ def test_verdict_calls_a_cell_slower_only_when_its_interval_is():
 
 
 def test_summary_reports_the_interval_of_ours_over_stock():
-  bench = support.load_tool("bench")
+  bench = bench_report
   rows = []
   for rep, (stock, ours) in enumerate([(100, 90), (100, 95), (200, 180),
                                        (100, 80), (50, 47)]):
@@ -113,3 +121,71 @@ def test_summary_reports_the_interval_of_ours_over_stock():
   assert entry["ours_vs_stock_verdict"] == "slower"
   text = bench.table([entry])
   assert "0.80-0.95" in text and "ours slower than stock: flat W=1" in text
+
+
+def _record(steps, *, spawned=100.0):
+  """A chief's record of a run of ``steps`` steps, 10 ms apart."""
+  steps_at = [(spawned + 1 + 0.01 * i, i + 1) for i in range(steps)]
+  return {"steps_at": steps_at, "latencies": [0.01] * steps,
+          "first_step_wall": spawned + 1 if steps else None,
+          "spawned_wall": spawned, "close_secs": 0.01, "peak_rss_mb": 100.0}
+
+
+def test_metrics_refuses_a_run_without_a_measured_window():
+  with pytest.raises(bench_report.EmptyWindowError, match="1 step"):
+    bench_report.metrics([_record(1)])
+  with pytest.raises(bench_report.EmptyWindowError, match="0 step"):
+    bench_report.metrics([_record(0)])
+  assert bench_report.metrics([_record(50)])["global_steps_per_s"] > 0
+
+
+class _FakePool:
+  """Stands in for _bench_pool.Pool: no process, nothing to wait for."""
+
+  startup_secs = 0.0
+
+  def __init__(self, workers, **_):
+    self.workers = workers
+
+  def close(self):
+    pass
+
+
+def test_bench_writes_its_summary_when_a_run_measures_nothing(
+    tmp_path, monkeypatch, capsys):
+  # Regression: metrics() raised on an empty window outside the run-error
+  # handling, so the bench died without summary.jsonl or table.txt.
+  bench = support.load_tool("bench")
+
+  def run_once(pool, scenario, impl, **_):
+    return [_record(50 if impl == "stock" else 1)]
+
+  monkeypatch.setattr(bench._bench_pool, "Pool", _FakePool)
+  monkeypatch.setattr(bench._bench_pool, "run_once", run_once)
+  out = tmp_path / "bench"
+  status = bench.main(["--scenarios", "small", "--workers", "1", "--reps",
+                       "1", "--impls", "stock,ours", "--out", str(out)])
+  assert status == 1
+  assert "no measured window" in capsys.readouterr().err
+  runs = [json.loads(line) for line in
+          (out / "runs.jsonl").read_text().splitlines()]
+  assert [r["impl"] for r in runs] == ["stock"]
+  (summary,) = [json.loads(line) for line in
+                (out / "summary.jsonl").read_text().splitlines()]
+  assert summary["stock_grads_per_s"] > 0
+  assert "small" in (out / "table.txt").read_text()
+
+
+def test_a_run_command_carries_exactly_the_run_spec():
+  spec = _bench_protocol.RunSpec(
+      cluster={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+      scenario="small", impl="ours", replicas=1, options={"statistics": True},
+      secs=1.0, warmup=0.2, stop_file="/tmp/stop")
+  line = _bench_protocol.encode(_bench_protocol.command(
+      _bench_protocol.RUN, spec))
+  message = _bench_protocol.decode(line)
+  assert message[_bench_protocol.CMD] == _bench_protocol.RUN
+  assert _bench_protocol.run_spec(message) == spec
+  # A key only one side knows is an error, not a silently ignored field.
+  with pytest.raises(TypeError, match="steps"):
+    _bench_protocol.run_spec(dict(message, steps=10))

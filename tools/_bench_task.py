@@ -1,18 +1,18 @@
 """One task of tools/bench, as its own long-lived process.
 
 ``python tools/_bench_task.py --serve SPEC_JSON`` starts the task's
-``tf.distribute.Server`` once (SPEC: ``cluster``, ``job``, ``task``), writes
-``{"up": ...}`` on stdout and then serves runs, so that TensorFlow is imported
-and the server started once per cluster, not once per run:
+``tf.distribute.Server`` once (SPEC: a ``ServeSpec``), writes ``{"up": ...}``
+on stdout and then serves runs, so that TensorFlow is imported and the server
+started once per cluster, not once per run. Every key and command below is
+defined once, in tools/_bench_protocol.py, which the driver imports too:
 
 * a ps only serves its server until its stdin closes (or reads ``exit``);
 * a worker reads one JSON command a line on stdin: ``{"cmd": "run", ...}``
   builds the scenario's model in a fresh ``tf.Graph`` with stock's
   SyncReplicasOptimizer, ours or the plain optimizer (async) and trains it
   under MonitoredTrainingSession for ``secs`` seconds after a warm-up (then
-  the chief picks a last global step for every worker, see ``train``), or
-  to ``steps`` global steps. The chief first
-  resets every resource container of the cluster
+  the chief picks a last global step for every worker, see ``train``). The
+  chief first resets every resource container of the cluster
   (``tf.compat.v1.Session.reset``: variables, accumulators and queues of the
   previous run, whose shared names would collide). Every worker writes
   ``{"ready": ...}`` once its session exists; a non-chief creates its session
@@ -30,7 +30,6 @@ pointed at stderr (the task log) so that nothing else can interleave with
 them.
 """
 
-import json
 import os
 import resource
 import sys
@@ -43,6 +42,12 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import sync_replicas  # pylint: disable=g-import-not-at-top
+
+# This file runs as a script, so its folder (tools/) is sys.path[0].
+import _bench_protocol as protocol  # pylint: disable=g-import-not-at-top
+
+#: Reads timed for the reads floor (their p50 is reported).
+READ_RUNS = 20
 
 
 def _dense_vars(count, size):
@@ -112,25 +117,25 @@ def _peak_rss_mb():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
+def train(spec, task, target, *, session_ready=None, wait_go=None,
+          wait_start=None):
   """Builds the scenario in a fresh graph, trains it; returns the record.
 
   Args:
-    spec: The run: cluster, task, scenario, impl, replicas, options,
-      straggler_delay, grace, and how long: ``secs`` (``warmup`` + ``secs``
-      seconds after its first step the chief sets the last global step, a
-      little ahead, in ``stop_file``) or ``steps`` (global steps).
+    spec: The run, a protocol.RunSpec. ``warmup + secs`` seconds after its
+      first step the chief sets the last global step, a little ahead, in
+      ``stop_file``.
+    task: This worker's index.
     target: This task's server target.
     session_ready: Called once this worker's session exists.
     wait_go: Called by a non-chief before it creates its session.
     wait_start: Called before the first step: every worker starts stepping
       at once, so that no measured step is the chief training alone.
   """
-  task = spec["task"]
-  workers = len(spec["cluster"]["worker"])
-  cluster = tf.train.ClusterSpec(spec["cluster"])
+  workers = len(spec.cluster["worker"])
+  cluster = tf.train.ClusterSpec(spec.cluster)
   rng = np.random.default_rng(task)
-  impl = spec["impl"]
+  impl = spec.impl
   _reset_peak_rss()
   began = time.monotonic()
   graph = tf.Graph()
@@ -138,15 +143,15 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
       tf.compat.v1.train.replica_device_setter(
           cluster=cluster, worker_device="/job:worker/task:%d" % task)):
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    loss = build_model(spec["scenario"], rng)
+    loss = build_model(spec.scenario, rng)
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.001)
-    stop_hook = _StopAtStep(last_step=spec.get("steps") or _UNSET)
+    stop_hook = _StopAtStep(last_step=_UNSET)
     hooks = [stop_hook]
     if impl != "async":
       cls = (tf.compat.v1.train.SyncReplicasOptimizer if impl == "stock"
              else sync_replicas.SyncReplicasOptimizer)
-      kwargs = dict(spec.get("options", {})) if impl == "ours" else {}
-      opt = cls(opt, replicas_to_aggregate=spec["replicas"],
+      kwargs = dict(spec.options) if impl == "ours" else {}
+      opt = cls(opt, replicas_to_aggregate=spec.replicas,
                 total_num_replicas=workers, **kwargs)
     train_op = opt.minimize(loss, global_step=global_step)
     if impl != "async":
@@ -157,22 +162,22 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
     # as a step consumes them there: fetching 200 tensors into Python
     # would add the client's own per-tensor cost (measured: 20 vs 17 ms).
     reads = None
-    if task == 0 and spec["scenario"] != "sparse":
+    if task == 0 and spec.scenario != "sparse":
       variables = tf.compat.v1.trainable_variables()
-      if spec["scenario"] == "many_packed_reads":
+      if spec.scenario == "many_packed_reads":
         variables = sync_replicas.read_packed(variables)
       reads = tf.add_n([tf.reduce_sum(v) for v in variables])
   config = tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=120_000,
       device_filters=["/job:ps", "/job:worker/task:%d" % task])
-  delay = spec.get("straggler_delay", 0.0) if task == workers - 1 else 0.0
+  delay = spec.straggler_delay if task == workers - 1 else 0.0
   # A timed run ends as a run of a fixed number of steps would: when the
   # chief's time is up it picks a last global step a little ahead and writes
   # it to stop_file; every worker reads it between steps and stops there, as
   # under StopAtStepHook. (Were the chief to simply leave, the others' pushes
   # would go on and the end would not be the end of training, when nobody
   # pushes any more: that is what stock's chief waits out in close().)
-  stop_file = spec.get("stop_file")
+  stop_file = spec.stop_file
   deadline = None
   step = -1
   latencies, steps_at = [], []
@@ -189,7 +194,7 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
   session_start = time.monotonic()
   with graph.as_default(), tf.compat.v1.train.MonitoredTrainingSession(
       master=target, is_chief=task == 0, hooks=hooks, config=config,
-      stop_grace_period_secs=spec.get("grace", 5), save_summaries_steps=None,
+      stop_grace_period_secs=spec.grace, save_summaries_steps=None,
       save_summaries_secs=None, save_checkpoint_secs=None,
       log_step_count_steps=None) as sess:
     session_made = time.monotonic()
@@ -204,7 +209,7 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
     try:
       fetches = [train_op, global_step]
       while not sess.should_stop() and step < stop_hook.last_step:
-        if (stop_file and stop_hook.last_step == _UNSET
+        if (stop_hook.last_step == _UNSET
             and os.path.exists(stop_file)):
           stop_hook.last_step = _read_stop(stop_file)
           continue
@@ -215,9 +220,9 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
         end = time.monotonic()
         if first_step is None:
           first_step = time.time()
-          cpu_at_first = _cpu_snapshot(spec.get("pool_pids"))
-          if task == 0 and spec.get("secs") is not None:
-            deadline = end + spec.get("warmup", 0.0) + spec["secs"]
+          cpu_at_first = _cpu_snapshot(spec.pool_pids)
+          if task == 0:
+            deadline = end + spec.warmup + spec.secs
         latencies.append(end - start)
         steps_at.append((end, int(step)))
         if (deadline is not None and end >= deadline
@@ -226,12 +231,11 @@ def train(spec, target, *, session_ready=None, wait_go=None, wait_start=None):
           _write_stop(stop_file, stop_hook.last_step)
     finally:
       left = time.monotonic()
-      cpu_at_last = _cpu_snapshot(spec.get("pool_pids"))
+      cpu_at_last = _cpu_snapshot(spec.pool_pids)
   closed = time.monotonic()
   read_ms = None
   if reads is not None:
-    read_ms = _time_reads(graph, target, config, reads,
-                          spec.get("read_runs", 20))
+    read_ms = _time_reads(graph, target, config, reads, READ_RUNS)
   return {
       "first_global_step": steps_at[0][1] if steps_at else None,
       "task": task, "runs": len(latencies), "latencies": latencies,
@@ -314,10 +318,9 @@ class _StopAtStep(tf.compat.v1.train.StopAtStepHook):
 
 
 def _write_stop(path, step):
-  if path:
-    with open(path + ".tmp", "w") as f:
-      f.write(str(step))
-    os.replace(path + ".tmp", path)
+  with open(path + ".tmp", "w") as f:
+    f.write(str(step))
+  os.replace(path + ".tmp", path)
 
 
 def _read_stop(path):
@@ -333,45 +336,46 @@ class _Channel:
     os.dup2(2, 1)  # Stray prints and TF's stdout go to the task log.
     sys.stdout = os.fdopen(1, "w", buffering=1)
 
-  def send(self, **message):
-    self._out.write(json.dumps(message) + "\n")
+  def send(self, message):
+    self._out.write(protocol.encode(message).decode())
     self._out.flush()
 
   @staticmethod
   def receive():
     line = sys.stdin.readline()
     if not line:
-      return {"cmd": "exit"}
-    return json.loads(line)
+      return protocol.command(protocol.EXIT)
+    return protocol.decode(line)
 
 
 def serve(spec):
+  """Serves ``spec`` (a protocol.ServeSpec) until ``exit`` or stdin's end."""
   channel = _Channel()
-  cluster = tf.train.ClusterSpec(spec["cluster"])
-  server = tf.distribute.Server(cluster, job_name=spec["job"],
-                                task_index=spec["task"])
-  channel.send(up=server.target, pid=os.getpid())
+  cluster = tf.train.ClusterSpec(spec.cluster)
+  server = tf.distribute.Server(cluster, job_name=spec.job,
+                                task_index=spec.task)
+  channel.send({protocol.UP: server.target, protocol.PID: os.getpid()})
   while True:
     command = channel.receive()
-    if command["cmd"] == "exit":
+    if command[protocol.CMD] == protocol.EXIT:
       break
-    if spec["job"] == "ps" or command["cmd"] != "run":
+    if spec.job == "ps" or command[protocol.CMD] != protocol.RUN:
       continue
 
     def expect(what):
       command = channel.receive()
-      if command["cmd"] != what:
+      if command[protocol.CMD] != what:
         raise RuntimeError("expected %r, got %r" % (what, command))
 
     try:
-      record = train(dict(command, task=spec["task"]), server.target,
-                     session_ready=lambda: channel.send(ready=True),
-                     wait_go=lambda: expect("go"),
-                     wait_start=lambda: expect("start"))
+      record = train(protocol.run_spec(command), spec.task, server.target,
+                     session_ready=lambda: channel.send({protocol.READY: True}),
+                     wait_go=lambda: expect(protocol.GO),
+                     wait_start=lambda: expect(protocol.START))
     except Exception:  # pylint: disable=broad-except
-      channel.send(error=traceback.format_exc())
+      channel.send({protocol.ERROR: traceback.format_exc()})
     else:
-      channel.send(done=record)
+      channel.send({protocol.DONE: record})
   # A tf.distribute.Server cannot be stopped; leave without its destructor.
   sys.stderr.flush()
   os._exit(0)  # pylint: disable=protected-access
@@ -382,7 +386,7 @@ def main(argv):
   if len(argv) != 3 or argv[1] != "--serve":
     print(__doc__, file=sys.stderr)
     return 2
-  serve(json.loads(argv[2]))
+  serve(protocol.serve_spec(argv[2]))
   return 0
 
 

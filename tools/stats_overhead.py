@@ -6,10 +6,15 @@
 Each round trains the same small model on a fresh in-process cluster
 (1 ps, --workers replicas aggregating all of them, every task on 127.0.0.1)
 once with statistics off and once on, in alternating order so that drift in
-machine load hits both sides alike. It prints each run's steps/s and the
-ratio on/off of the medians (1.00: free; 0.95: 5% slower). Summaries are not
-written (the chief's summary saver costs the same with or without us); the
-hook's log line is off, as it runs once per 100 steps by default.
+machine load hits both sides alike. It prints each run's steps/s, and then
+measures as tools/bench does, with its report module (tools/bench_report.py):
+the median over rounds of the per-round ratio on/off (1.00: free; 0.95: 5%
+slower), the sign-test interval of that median, and the verdict (slower or
+faster only when the whole interval is on one side of 1.0). Three rounds
+give the range of the ratios at 75% coverage, five a 94% interval.
+Summaries are not written (the chief's summary saver costs the same with or
+without us); the hook's log line is off, as it runs once per 100 steps by
+default.
 """
 
 import argparse
@@ -20,11 +25,15 @@ import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TOOLS = os.path.dirname(os.path.abspath(__file__))
+# The package from this checkout, and the bench's report next to this file.
+sys.path.insert(0, os.path.dirname(_TOOLS))
+sys.path.insert(0, _TOOLS)
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+import bench_report  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
 
@@ -107,14 +116,29 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=3)
   args = parser.parse_args(argv)
   rates = {False: [], True: []}
+  ratios = []
   for r in range(args.rounds):
     for stats in ((False, True) if r % 2 == 0 else (True, False)):
       rate = run_once(workers=args.workers, secs=args.secs, stats=stats)
       rates[stats].append(rate)
       print("round %d statistics=%-5s %7.1f steps/s" % (r, stats, rate))
+    # Within a round both runs saw about the same machine: their ratio is
+    # the evidence, as the bench's per-repetition ratios are.
+    ratios.append(rates[True][-1] / rates[False][-1])
   off, on = pystats.median(rates[False]), pystats.median(rates[True])
-  print("median steps/s: off %.1f, on %.1f; ratio on/off %.3f"
-        % (off, on, on / off))
+  print("median steps/s: off %.1f, on %.1f" % (off, on))
+  interval = bench_report.median_interval(ratios)
+  if interval is None:
+    print("ratio on/off %.3f (one round: no interval)" % ratios[0])
+    return 0
+  low, high, coverage = interval
+  print("ratio on/off %.3f, median of %d per-round ratios; interval "
+        "%.3f-%.3f (sign test, %d%% coverage): statistics on is %s" % (
+            pystats.median(ratios), len(ratios), low, high,
+            round(coverage * 100), {
+                "slower": "slower than off", "faster": "faster than off",
+                "equal within noise": "equal to off within noise"}[
+                    bench_report.verdict(interval)]))
   return 0
 
 

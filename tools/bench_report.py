@@ -1,0 +1,313 @@
+"""The report of tools/bench: what a run measured, and what the runs say.
+
+Owns the benchmark's method once it has the workers' records: the measured
+window of one run and its metrics (``metrics``), the medians over
+repetitions and the median of per-repetition ratios (``summarize``), the
+sign-test interval of that median and its verdict (``median_interval``,
+``verdict``), and their presentation (``table``, ``plot``). No process,
+no TensorFlow: tests import it directly, and so can any tool that wants the
+same statistics (tools/stats_overhead.py does). Import it with tools/ on
+``sys.path``::
+
+  sys.path.insert(0, "tools")
+  import bench_report
+
+Why ratios and intervals: every implementation of a (scenario, W) cell runs
+interleaved with the others, so machine noise hits them alike, and the
+ratio within one repetition cancels most of it; yet per-repetition ratios
+of two identical graphs still spread by +-20% on a shared 2-core machine,
+so a median ratio is only called slower or faster when the whole interval
+of that median is on one side of 1.0.
+"""
+
+import math
+import os
+import statistics
+
+from _bench_protocol import IMPLS
+from _bench_protocol import SCENARIOS
+
+#: A scenario whose model reads its variables with read_packed, and the one
+#: with the same model reading them plainly: the summary also compares ours
+#: on the first with stock on the second (what a user who adopts both gets).
+PACKED_READS = {"many_packed_reads": "many"}
+#: Seconds after the last worker's first step (which registers its graph)
+#: before the window opens.
+WARMUP = 0.2
+
+
+class EmptyWindowError(ValueError):
+  """A run's records hold no measured step: there is nothing to report."""
+
+
+def metrics(records):
+  """Throughput and latency over the measured window (after warm-up).
+
+  Args:
+    records: Every worker's record of one run (the chief's first), as
+      tools/_bench_task.py answers with ``done``; the chief's also holds the
+      driver's ``spawned_wall`` and ``run_secs``.
+
+  Returns:
+    A dict of the run's metrics (the keys of runs.jsonl's ``metrics``).
+
+  Raises:
+    EmptyWindowError: The chief took fewer than 2 steps, so no step falls
+      in a window (e.g. ``--secs`` too short for a slow step).
+  """
+  chief = records[0]
+  steps_at = chief["steps_at"]
+  if len(steps_at) < 2:
+    # A window needs a first and a last chief step; with fewer, the
+    # percentiles below would index an empty list.
+    raise EmptyWindowError(
+        "no measured window: the chief took %d step(s), 2 or more needed; "
+        "lengthen --secs" % len(steps_at))
+  # The window opens WARMUP seconds after every worker finished its first
+  # step (the one that registers its graph): before, the chief may be
+  # stepping with fewer workers than W. It closes at the chief's last step.
+  joined = max(r["steps_at"][0][0] for r in records if r["steps_at"])
+  index = 0
+  while (index < len(steps_at) - 2
+         and steps_at[index][0] < joined + WARMUP):
+    index += 1
+  first = steps_at[index]
+  last = steps_at[-1]
+  window = max(last[0] - first[0], 1e-9)
+  runs = sum(1 for r in records for t, _ in r["steps_at"]
+             if first[0] < t <= last[0])
+  lat = sorted(l for r in records
+               for (t, _), l in zip(r["steps_at"], r["latencies"])
+               if first[0] < t <= last[0])
+  pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)] * 1000
+  return {
+      "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
+      "global_steps_per_s": (last[1] - first[1]) / window,
+      "grads_per_s": runs / window,
+      "step_ms_p50": pick(0.5), "step_ms_p95": pick(0.95),
+      "first_step_s": chief["first_step_wall"] - chief["spawned_wall"],
+      "chief_close_s": chief["close_secs"],
+      "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+      # Where the chief's wall time went (s): graph, cluster reset, session
+      # creation, waiting for the others, steps, close; and the whole run as
+      # the driver saw it.
+      "chief_phases_s": {k: chief.get(k + "_secs") for k in (
+          "build", "wait", "session", "start", "train", "close", "run")},
+      "first_global_step": chief.get("first_global_step"),
+      "read_ms_p50": chief.get("read_ms_p50"),
+      "other_cores": chief.get("other_cores"),
+  }
+
+
+#: The coverage the report's interval for a median ratio aims at.
+INTERVAL_CONFIDENCE = 0.9
+
+
+def median_interval(values, confidence=INTERVAL_CONFIDENCE):
+  """A distribution-free interval for the median of ``values``.
+
+  The sign-test interval: the k-th smallest and the k-th largest of n values
+  bracket the true median with probability 1 - 2 P(B < k), B ~ Binomial(n,
+  1/2), whatever the distribution, so it assumes nothing about this
+  machine's noise. Takes the narrowest one whose coverage reaches
+  ``confidence``, or [min, max] when none does (n < 5 at 0.9).
+
+  Returns (low, high, coverage), or None for fewer than 2 values.
+  """
+  n = len(values)
+  if n < 2:
+    return None
+  xs = sorted(values)
+  coverage = lambda k: 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+  k = 1
+  while 2 * (k + 1) <= n and coverage(k + 1) >= confidence:
+    k += 1
+  return xs[k - 1], xs[n - k], coverage(k)
+
+
+def verdict(interval):
+  """How ours compares with stock, given the interval of their ratio."""
+  if interval is None:
+    return None
+  low, high, _ = interval
+  if low > 1:
+    return "faster"
+  if high < 1:
+    return "slower"
+  return "equal within noise"
+
+
+def summarize(rows):
+  """Median ratios per (scenario, W) over repetitions.
+
+  Args:
+    rows: The runs, as runs.jsonl holds them: ``scenario``, ``workers``,
+      ``impl``, ``rep`` and the run's ``metrics``.
+
+  Returns:
+    One dict per (scenario, W), in SCENARIOS order then by W: medians of
+    every metric per implementation (``<impl>_<metric>``), medians of
+    per-repetition ratios (``ours_vs_stock_grads`` and friends), the
+    interval of ours/stock, its coverage and verdict.
+  """
+  out = []
+  keys = sorted({(r["scenario"], r["workers"]) for r in rows},
+                key=lambda k: (SCENARIOS.index(k[0]), k[1]))
+  for scenario, workers in keys:
+    reps = {}
+    for r in rows:
+      if (r["scenario"], r["workers"]) == (scenario, workers):
+        reps.setdefault(r["rep"], {})[r["impl"]] = r["metrics"]
+    entry = {"scenario": scenario, "workers": workers}
+    for metric in ("global_steps_per_s", "grads_per_s", "step_ms_p50",
+                   "step_ms_p95", "chief_close_s", "first_step_s",
+                   "peak_rss_mb", "read_ms_p50"):
+      for impl in IMPLS:
+        vals = [m[impl][metric] for m in reps.values()
+                if impl in m and m[impl].get(metric) is not None]
+        if vals:
+          entry["%s_%s" % (impl, metric)] = statistics.median(vals)
+
+    def ratios(a, b, metric):
+      return [m[a][metric] / m[b][metric] for m in reps.values()
+              if a in m and b in m and m[b][metric] > 0]
+
+    def ratio(a, b, metric):
+      vals = ratios(a, b, metric)
+      return statistics.median(vals) if vals else None
+    reads = [m[impl]["read_ms_p50"] for m in reps.values() for impl in m
+             if m[impl].get("read_ms_p50") is not None]
+    entry["read_ms_p50"] = statistics.median(reads) if reads else None
+    other = [m[impl]["other_cores"] for m in reps.values() for impl in m
+             if m[impl].get("other_cores") is not None]
+    entry["other_cores"] = statistics.median(other) if other else None
+    entry["other_cores_max"] = max(other) if other else None
+    entry["ours_vs_stock_steps"] = ratio("ours", "stock", "global_steps_per_s")
+    grads = ratios("ours", "stock", "grads_per_s")
+    entry["ours_vs_stock_grads"] = statistics.median(grads) if grads else None
+    # Where the median ratio lies, and so whether a cell under 1.0 is a
+    # regression or this machine's noise (per-rep ratios of identical graphs
+    # spread +-20% here).
+    interval = median_interval(grads)
+    entry["ours_vs_stock_grads_interval"] = (
+        list(interval[:2]) if interval else None)
+    entry["ours_vs_stock_grads_coverage"] = interval[2] if interval else None
+    entry["ours_vs_stock_verdict"] = verdict(interval)
+    entry["ours_sync_vs_async_grads"] = ratio("ours", "async", "grads_per_s")
+    entry["stock_sync_vs_async_grads"] = ratio("stock", "async",
+                                               "grads_per_s")
+    plain = PACKED_READS.get(scenario)
+    if plain is not None:
+      # Same rep, same W: the two scenarios' runs are minutes apart at most.
+      vals = [r["metrics"]["grads_per_s"] / p["metrics"]["grads_per_s"]
+              for r in rows for p in rows
+              if (r["scenario"], r["workers"], r["impl"]) == (
+                  scenario, workers, "ours")
+              and (p["scenario"], p["workers"], p["impl"]) == (
+                  plain, workers, "stock")
+              and p["rep"] == r["rep"] and p["metrics"]["grads_per_s"] > 0]
+      if vals:
+        entry["ours_vs_stock_plain_reads_grads"] = statistics.median(vals)
+    out.append(entry)
+  return out
+
+
+def table(summary):
+  """The summary as text: one line per cell, then the verdicts and noise."""
+  head = ("%-17s %2s %10s %10s %10s %8s %11s %8s %8s %14s %12s %8s" % (
+      "scenario", "W", "stock g/s", "ours g/s", "async g/s", "ours/stk",
+      "interval", "o/s stps", "ours/asy", "p50 stk/ours", "close stk/o",
+      "reads ms"))
+  lines = [head, "-" * len(head)]
+  fmt = lambda v, f="%.2f": (f % v) if v is not None else "-"
+  for e in summary:
+    interval = e.get("ours_vs_stock_grads_interval")
+    lines.append("%-17s %2d %10s %10s %10s %8s %11s %8s %8s %14s %12s %8s" % (
+        e["scenario"], e["workers"],
+        fmt(e.get("stock_grads_per_s"), "%.1f"),
+        fmt(e.get("ours_grads_per_s"), "%.1f"),
+        fmt(e.get("async_grads_per_s"), "%.1f"),
+        fmt(e["ours_vs_stock_grads"]),
+        "%.2f-%.2f" % tuple(interval) if interval else "-",
+        fmt(e["ours_vs_stock_steps"]),
+        fmt(e["ours_sync_vs_async_grads"]),
+        "%s/%s" % (fmt(e.get("stock_step_ms_p50"), "%.1f"),
+                   fmt(e.get("ours_step_ms_p50"), "%.1f")),
+        "%s/%s" % (fmt(e.get("stock_chief_close_s"), "%.1f"),
+                   fmt(e.get("ours_chief_close_s"), "%.2f")),
+        fmt(e.get("read_ms_p50"), "%.1f")))
+  for e in summary:
+    if e.get("ours_vs_stock_plain_reads_grads") is not None:
+      lines.append(
+          "ours on %s / stock on %s, W=%d: %.2f (gradients/s)" % (
+              e["scenario"], PACKED_READS[e["scenario"]], e["workers"],
+              e["ours_vs_stock_plain_reads_grads"]))
+  judged = [e for e in summary if e.get("ours_vs_stock_verdict")]
+  if judged:
+    coverages = sorted({round(e["ours_vs_stock_grads_coverage"] * 100)
+                        for e in judged})
+    lines.append(
+        "interval: where the median of ours/stock lies (sign test, %s%% "
+        "coverage), whatever the noise's distribution" %
+        "/".join(str(c) for c in coverages))
+    for name, label in (("slower", "ours slower than stock"),
+                        ("faster", "ours faster than stock"),
+                        ("equal within noise", "equal within noise")):
+      cells = ["%s W=%d" % (e["scenario"], e["workers"]) for e in judged
+               if e["ours_vs_stock_verdict"] == name]
+      lines.append("%s: %s" % (label, ", ".join(cells) or "none"))
+  other = [e["other_cores"] for e in summary
+           if e.get("other_cores") is not None]
+  if other:
+    lines.append(
+        "(other processes used %.2f cores of %d during a run's steps, median "
+        "over (scenario, W); up to %.2f in one run)" % (
+            statistics.median(other), os.cpu_count(),
+            max(e["other_cores_max"] for e in summary
+                if e.get("other_cores_max") is not None)))
+  return "\n".join(lines)
+
+
+def plot(summary, path):
+  """Plots the median ratios (ours/stock with intervals, sync/async).
+
+  Args:
+    summary: ``summarize``'s entries.
+    path: The PNG to write.
+
+  Returns:
+    False when matplotlib is not installed (nothing written), else True.
+  """
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  # One word a line: long scenario names would overlap their neighbours.
+  labels = ["%s\nW=%d" % (e["scenario"].replace("_", "\n"), e["workers"])
+            for e in summary]
+  xs = range(len(summary))
+  fig, ax = plt.subplots(figsize=(max(6, len(summary) * 0.7), 4))
+  width = 0.4
+  medians = [e["ours_vs_stock_grads"] or 0 for e in summary]
+  # The interval of each median (none for a single repetition).
+  spans = [e.get("ours_vs_stock_grads_interval") or (m, m)
+           for e, m in zip(summary, medians)]
+  ax.bar([x - width / 2 for x in xs], medians, width,
+         yerr=[[max(m - lo, 0) for m, (lo, _) in zip(medians, spans)],
+               [max(hi - m, 0) for m, (_, hi) in zip(medians, spans)]],
+         capsize=2, label="ours / stock (gradients/s), with interval")
+  ax.bar([x + width / 2 for x in xs],
+         [e["ours_sync_vs_async_grads"] or 0 for e in summary], width,
+         label="ours sync / async (gradients/s)")
+  ax.axhline(1.0, color="k", linewidth=0.8)
+  ax.set_xticks(list(xs))
+  ax.set_xticklabels(labels, fontsize=7)
+  ax.set_ylabel("median ratio")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
