@@ -7,6 +7,7 @@ optimizer comes from: TensorFlow 2.15's ``tf.keras`` is Keras 2, 2.16+'s is
 Keras 3, and ``tf_keras`` keeps Keras 2 for both.
 """
 
+import contextlib
 import sys
 
 import tensorflow as tf
@@ -71,6 +72,21 @@ def session_config(session):
   to open its own session with the same device filters and cluster settings.
   """
   return getattr(session, "_config", None)
+
+
+def quiet_deprecations():
+  """A context in which TensorFlow prints no deprecation warning.
+
+  Ours builds the chief's runner on ``QueueRunner``, whose constructor warns
+  "QueueRunner.__init__ ... is deprecated" in every process: noise from our
+  code path, not the user's (issue 16). TensorFlow's switch for that lives in
+  a private module; without it, the warning is printed as before.
+  """
+  try:
+    from tensorflow.python.util import deprecation  # pylint: disable=g-import-not-at-top
+    return deprecation.silence()
+  except (ImportError, AttributeError):
+    return contextlib.nullcontext()
 
 
 def session_closed(session):

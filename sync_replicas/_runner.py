@@ -80,7 +80,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                replicas_to_aggregate, prompt_stop=True, stall_log_secs=60.0,
                stall_timeout_secs=None, extra_close_op=None, deadline=None,
                clock=time.monotonic):
-    super().__init__(token_queue, [sync_op])
+    with _compat.quiet_deprecations():
+      super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
     self._extra_close_op = extra_close_op
     self._deadline = deadline

@@ -493,8 +493,10 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
             sync_op = self._variable_averages.apply(
                 self._variables_to_average)
 
-        chief_queue_runner = tf.compat.v1.train.QueueRunner(
-            dummy_queue, [sync_op])
+        # Stock printed the same deprecation; ours stays quiet (_compat).
+        with _compat.quiet_deprecations():
+          chief_queue_runner = tf.compat.v1.train.QueueRunner(
+              dummy_queue, [sync_op])
 
     self._sync_token_queue = sync_token_queue
     self._clean_up_op = clean_up_op

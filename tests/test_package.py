@@ -80,3 +80,42 @@ def test_import_makes_no_deprecation_warnings_of_its_own():
   result = subprocess.run([sys.executable, "-c", script], capture_output=True,
                           text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
+
+
+_QUIET_RUN = """
+import tensorflow as tf
+import sync_replicas
+server = tf.distribute.Server.create_local_server()
+with tf.Graph().as_default():
+  gs = tf.compat.v1.train.get_or_create_global_step()
+  v = tf.compat.v1.Variable([1.0, 2.0])
+  for cls, name in ((sync_replicas.SyncReplicasOptimizer, "sync_replicas"),
+                    (sync_replicas.SyncReplicasOptimizerV2, "legacy")):
+    opt = cls(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+              replicas_to_aggregate=1, name=name)
+    train_op = opt.minimize(tf.reduce_sum(v * v), global_step=gs)
+    opt.get_chief_queue_runner()
+  opt = sync_replicas.SyncReplicasOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1),
+      replicas_to_aggregate=1, name="trained")
+  train_op = opt.minimize(tf.reduce_sum(v * v), global_step=gs)
+  with tf.compat.v1.train.MonitoredTrainingSession(
+      master=server.target, is_chief=True, stop_grace_period_secs=1,
+      hooks=[opt.make_session_run_hook(True)],
+      config=tf.compat.v1.ConfigProto(operation_timeout_in_ms=30000)) as sess:
+    for _ in range(3):
+      sess.run(train_op)
+"""
+
+
+def test_our_code_paths_print_no_deprecation_warning():
+  """Quiet as stock or quieter (issue 16): the demo printed TensorFlow's
+  QueueRunner deprecation in every process, from our runner's constructor.
+  A fresh process, since TensorFlow prints each warning once per process."""
+  done = subprocess.run([sys.executable, "-c", _QUIET_RUN],
+                        capture_output=True, text=True, timeout=240,
+                        cwd=PACKAGE.parent)
+  assert done.returncode == 0, done.stderr[-3000:]
+  ours = [line for line in done.stderr.splitlines()
+          if "deprecated" in line and str(PACKAGE) in line]
+  assert not ours, "\n".join(ours)
