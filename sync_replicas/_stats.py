@@ -198,8 +198,18 @@ class Statistics:
               tf.cast(by_deadline, tf.int64)))
         return tf.group(*counts, name="count_update")
 
+  def worker_init_op(self):
+    """Zeroes this worker's counters (also in ``LOCAL_VARIABLES``)."""
+    with self._under_scope(None):
+      return tf.group(*[v.initializer for v in self._worker.values()],
+                      name="init_worker_counters")
+
   def init_op(self):
-    """Initializes the cluster counters unless they exist (chief restarts)."""
+    """Initializes the cluster counters unless they exist (chief restarts).
+
+    Part of ``chief_init_op`` and of the init-tokens op: a script may run
+    either alone. Idempotent, so running both is harmless.
+    """
     ops = []
     with self._under_scope(self._ps_device), tf.compat.v1.name_scope("init"):
       for var in self._cluster.values():

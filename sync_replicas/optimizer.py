@@ -506,10 +506,6 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
           dtype=global_step.dtype.base_dtype,
           name="sync_rep_local_step")
     self._local_step = local_step
-    local_step_init_op = tf.compat.v1.assign(local_step, global_step)
-    ready_for_local_init_op = (
-        tf.compat.v1.report_uninitialized_variables(
-            tf.compat.v1.global_variables()))
     stats = None
     if self._statistics:
       stats = _stats.Statistics(
@@ -518,6 +514,14 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
           generations=generations,
           colocate=_compat.colocate_with_local_anchor,
           deadline_updates=self._aggregation_deadline_secs is not None)
+    # The worker's counters start with its local step: TF 0.12's Supervisor
+    # recipe runs this op (or chief_init_op) instead of the local variables'
+    # initializer. A control dependency keeps stock's op name.
+    with tf.control_dependencies([stats.worker_init_op()] if stats else []):
+      local_step_init_op = tf.compat.v1.assign(local_step, global_step)
+    ready_for_local_init_op = (
+        tf.compat.v1.report_uninitialized_variables(
+            tf.compat.v1.global_variables()))
 
     # What each take waits for: stock's constant, or with a deadline a value
     # the chief's runner feeds (the count that arrived by the deadline).
@@ -764,8 +768,12 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         return _tokens.fill_each_op(self._worker_queues, self._global_step,
                                     encode=self._generations.encode)
     if count > 0:
+      # Every way of starting the protocol runs this op, not always
+      # chief_init_op (a Supervisor's default local init skips it): the
+      # cluster counters start here too, before any token exists.
       with tf.compat.v1.device(self._global_step.device), \
-          tf.compat.v1.name_scope(""):
+          tf.compat.v1.name_scope(""), tf.control_dependencies(
+              [self._stats.init_op()] if self._stats else []):
         return _tokens.fill_op(self._sync_token_queue, self._global_step,
                                count, encode=self._generations.encode)
     return tf.no_op(name="no_init_tokens")

@@ -90,7 +90,7 @@ GRACE_SECS = 1
 class _Worker:
   """One worker's graph: ``y = x . w`` by SGD, variables on the ps."""
 
-  def __init__(self, opt_cls, target, task, *, step_dtype):
+  def __init__(self, opt_cls, target, task, *, step_dtype, opt_kwargs=None):
     self.task = task
     self.is_chief = task == 0
     self.target = target
@@ -114,7 +114,8 @@ class _Worker:
       loss = tf.reduce_sum(tf.square(
           tf.linalg.matvec(tf.constant(xs), self.w) - ys)) / 8
       self.opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(0.125),
-                         replicas_to_aggregate=2, total_num_replicas=2)
+                         replicas_to_aggregate=2, total_num_replicas=2,
+                         **(opt_kwargs or {}))
       self.train_op = self.opt.minimize(loss, global_step=self.global_step)
       self.local_step = support.local_step_variable(self.graph)
       self.init_tokens = (self.opt.get_init_tokens_op() if self.is_chief
@@ -240,7 +241,7 @@ MODES = {
 }
 
 
-def _train(opt_cls, mode, step_dtype):
+def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
   """Runs ROUNDS rounds in ``mode``; returns (steps, local steps, w, close error).
 
   The close error is what closing the chief raised (stock's runner thread
@@ -248,7 +249,8 @@ def _train(opt_cls, mode, step_dtype):
   """
   cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
   workers = [_Worker(opt_cls, cluster.worker_targets[t], t,
-                     step_dtype=step_dtype) for t in range(2)]
+                     step_dtype=step_dtype, opt_kwargs=opt_kwargs)
+             for t in range(2)]
   # The chief first, so the other finds the model initialized.
   sessions = []
   close_error = None
@@ -291,6 +293,18 @@ def test_every_drive_mode_gives_stocks_numbers(mode, step_dtype):
   assert ours[3] is None, ours[3]
   if stock[3] is not None:
     assert "threads still running" in str(stock[3])
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_statistics_work_in_every_drive_mode(mode):
+  """Opt-in statistics rely on no init op of ours: any mode trains with them
+  to the numbers of the default build."""
+  plain = _train(support.OURS, mode, tf.int64)
+  counted = _train(support.OURS, mode, tf.int64,
+                   opt_kwargs=dict(statistics=True))
+  assert counted[0] == plain[0] == STEPS_AFTER_ROUND
+  np.testing.assert_array_equal(counted[2], plain[2])
+  assert counted[3] is None, counted[3]
 
 
 # ------------------------------------------- what prompt stop relies on: coord
