@@ -11,6 +11,7 @@ from sync_replicas.hook import SyncReplicasOptimizerHook
 from sync_replicas.legacy import SyncReplicasOptimizerV2
 from sync_replicas.optimizer import SyncReplicasOptimizer
 from sync_replicas.reads import read_packed
+from sync_replicas.slim import slim_train
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "SyncReplicasOptimizerV2",
     "__version__",
     "read_packed",
+    "slim_train",
 ]
