@@ -50,8 +50,9 @@ def _parse(argv):
   parser.add_argument("--checkpoint_every", type=int, default=200,
                       help="checkpoint every this many steps")
   parser.add_argument("--logdir", default=os.path.join("runs", "digits"),
-                      help="the chief's checkpoints, summaries and plot; "
-                      "training resumes from a checkpoint found here")
+                      help="the chief's checkpoints, summaries, plot and "
+                      "sync_manifest.json (for tools/status); training "
+                      "resumes from a checkpoint found here")
   parser.add_argument("--no_plot", action="store_true",
                       help="skip the PNG plot")
   parser.add_argument("--mode", choices=["sync", "async"], default="sync",
@@ -102,6 +103,11 @@ def _train(args, task, server):
             opt, replicas_to_aggregate=task.num_replicas - args.backups,
             total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
+    # sync_replicas: tell tools/status where the sync state lives
+    # (<logdir>/sync_manifest.json).
+    if sync and task.is_chief:
+      tf.io.gfile.makedirs(args.logdir)
+      opt.write_sync_manifest(args.logdir)
     hooks = [tf.compat.v1.train.StopAtStepHook(last_step=args.steps)]
     if sync:
       # sync_replicas: the hook initializes the sync state; on the chief it

@@ -132,6 +132,11 @@ def _train(args, task, server, estimator):
       # sync_replicas: minimize with the sync optimizer.
       train_op = sync_opt.minimize(
           loss, global_step=tf.compat.v1.train.get_global_step())
+      # sync_replicas: tell tools/status where the sync state lives
+      # (<logdir>/sync_manifest.json).
+      if task.is_chief:
+        tf.io.gfile.makedirs(args.logdir)
+        sync_opt.write_sync_manifest(args.logdir)
     return estimator.EstimatorSpec(
         mode, loss=loss, train_op=train_op,
         eval_metric_ops={"accuracy": tf.compat.v1.metrics.accuracy(

@@ -79,6 +79,11 @@ def _train(args, task, server):
           opt, replicas_to_aggregate=task.num_replicas - args.backups,
           total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
+      # sync_replicas: tell tools/status where the sync state lives
+      # (<logdir>/sync_manifest.json).
+      if is_chief:
+        tf.io.gfile.makedirs(args.logdir)
+        opt.write_sync_manifest(args.logdir)
 
       # sync_replicas: the Supervisor runs the chief's or a replica's local
       # init once the chief's init_op has made ready_for_local_init_op empty.

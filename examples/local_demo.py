@@ -9,6 +9,7 @@ separate processes would. Lines specific to sync_replicas are marked.
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -30,6 +31,9 @@ def _parse(argv):
                       help="workers whose gradients an update may go without")
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--log-every", type=int, default=50)
+  parser.add_argument("--logdir", default=os.path.join("runs", "local_demo"),
+                      help="where the chief writes sync_manifest.json, for "
+                      "tools/status")
   return parser.parse_args(argv)
 
 
@@ -53,6 +57,11 @@ def _worker(args, cluster, task, true_w, results, chief_ready):
           opt, replicas_to_aggregate=args.workers - args.backups,
           total_num_replicas=args.workers)
       train_op = opt.minimize(loss, global_step=global_step)
+      # sync_replicas: tell tools/status where the sync state lives
+      # (<logdir>/sync_manifest.json).
+      if is_chief:
+        tf.io.gfile.makedirs(args.logdir)
+        opt.write_sync_manifest(args.logdir)
     hooks = [opt.make_session_run_hook(is_chief),  # sync_replicas:
              tf.compat.v1.train.StopAtStepHook(last_step=args.steps)]
     config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=60_000)

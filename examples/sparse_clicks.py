@@ -16,6 +16,7 @@ sync_replicas are marked ``# sync_replicas:``.
 import argparse
 import collections
 import logging
+import os
 import sys
 import time
 
@@ -63,6 +64,9 @@ def _parse(argv):
   parser.add_argument("--num_items", type=int, default=50)
   parser.add_argument("--dim", type=int, default=4, help="embedding size")
   parser.add_argument("--log_every", type=int, default=50)
+  parser.add_argument("--logdir", default=os.path.join("runs", "sparse_clicks"),
+                      help="where the chief writes sync_manifest.json, for "
+                      "tools/status")
   _task.add_cluster_flags(parser)
   return parser.parse_args(argv)
 
@@ -123,6 +127,11 @@ def _train(args, task, server):
           opt, replicas_to_aggregate=task.num_replicas - args.backups,
           total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
+      # sync_replicas: tell tools/status where the sync state lives
+      # (<logdir>/sync_manifest.json).
+      if task.is_chief:
+        tf.io.gfile.makedirs(args.logdir)
+        opt.write_sync_manifest(args.logdir)
     # sync_replicas: count the accumulator kinds (an addition of ours).
     kinds = collections.Counter(type(a).__name__ for a, _ in opt.accumulators)
     hooks = [opt.make_session_run_hook(task.is_chief),  # sync_replicas:

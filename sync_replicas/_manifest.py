@@ -66,6 +66,9 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
         # A reader that creates the accumulator must create the job's kind:
         # TensorFlow does not check, and the job would reduce the reader's way.
         "reduction_type": _accumulators.reduction_type(entry),
+        # Lets a reader check that the ps holds the job's variable before it
+        # opens the accumulator, which would create one if missing.
+        "variable_resource": _is_resource(entry),
     })
   return {
       "format": FORMAT,
@@ -81,6 +84,15 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
       "worker_token_queues": list(worker_token_queue_shared_names),
       "accumulators": entries,
   }
+
+
+def _is_resource(entry):
+  """True for a resource variable, False for a ref one, None if unknown."""
+  graph = entry.accumulator.accumulator_ref.graph
+  try:
+    return graph.get_operation_by_name(entry.name).type == "VarHandleOp"
+  except KeyError:  # A partitioned variable's parts have other names.
+    return None
 
 
 def _shape(shape):
@@ -108,15 +120,67 @@ def read(path):
   """
   if tf.io.gfile.isdir(path):
     path = path.rstrip("/") + "/" + FILE_NAME
+  if not tf.io.gfile.exists(path):
+    raise ValueError(
+        "No sync manifest at %s. The job's chief writes it with "
+        "opt.write_sync_manifest(checkpoint_dir); the examples write it to "
+        "their --logdir. Pass that file or directory." % path)
   with tf.io.gfile.GFile(path) as f:
-    manifest = json.loads(f.read())
-  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    text = f.read()
+  try:
+    manifest = json.loads(text)
+  except ValueError as e:
+    raise ValueError(
+        "%s is not a sync manifest: expected JSON in format %r, got text "
+        "that does not parse (%s), starting %r." % (path, FORMAT, e,
+                                                  text[:40])) from None
+  found = manifest.get("format") if isinstance(manifest, dict) else None
+  if isinstance(found, str) and found.startswith(FORMAT.split("/")[0] + "/"):
+    if found != FORMAT:
+      raise ValueError(
+          "%s is a sync manifest of format %r, but this sync_replicas reads "
+          "%r. Read it with the tools/status of the sync_replicas version the "
+          "job runs." % (path, found, FORMAT))
+  elif found != FORMAT:
     raise ValueError(
         "%s is not a sync manifest: expected format %r, got %r. Write one "
         "with SyncReplicasOptimizer.write_sync_manifest(path)."
-        % (path, FORMAT, manifest.get("format") if isinstance(
-            manifest, dict) else type(manifest).__name__))
+        % (path, FORMAT, found if isinstance(manifest, dict)
+           else type(manifest).__name__))
   return manifest
+
+
+def presence_ops(manifest):
+  """Ops that tell whether the ps holds the job's variables; create nothing.
+
+  ``read_ops`` opens the token queue and the accumulators by shared name,
+  which creates empty ones where none exist: pointed at another job's ps, it
+  would leave resources there. A resource variable can be looked up without
+  being created (``VarIsInitializedOp`` on a ``VarHandleOp``), so these ops
+  check the global step and every accumulator's variable first. A ref
+  variable (TF1 behaviour) cannot be looked up that way and is not checked.
+
+  Returns:
+    ``(description, bool tensor)`` pairs, built in the current graph.
+  """
+  checks = []
+  gs = manifest["global_step"]
+  wanted = [("global step %r" % gs["name"], gs["name"], gs["device"],
+             gs["dtype"], gs["resource"])]
+  for entry in manifest["accumulators"]:
+    wanted.append(("variable %r (accumulator %r)" % (
+        entry["variable"], entry["shared_name"]), entry["variable"],
+                   entry["device"], entry["dtype"],
+                   entry.get("variable_resource")))
+  for description, name, device, dtype, resource in wanted:
+    if not resource:
+      continue
+    with tf.compat.v1.device(device):
+      handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(dtype), shape=None,
+                                      shared_name=name)
+      checks.append(("%s on %s" % (description, device or "the target"),
+                     tf.raw_ops.VarIsInitializedOp(resource=handle)))
+  return checks
 
 
 def read_ops(manifest):

@@ -68,6 +68,7 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   for name in ("worker0", "worker1"):
     assert "[%s] replica " % name in out
   assert (tmp_path / "checkpoint").is_file()
+  assert (tmp_path / "sync_manifest.json").is_file()  # For tools/status.
   assert list(tmp_path.glob("model.ckpt-*.index"))
   assert list(tmp_path.glob("events.out.tfevents.*"))
   plot = tmp_path / "training.png"
@@ -102,13 +103,15 @@ def test_supervisor_flow_learns_with_tf1_flags(tmp_path):
   assert _final_accuracy(outs["worker", 0]) > 0.8, outs["worker", 0][-4000:]
   assert "replica 1 done" in outs["worker", 1]
   assert list(tmp_path.glob("model.ckpt-*.index"))
+  assert (tmp_path / "sync_manifest.json").is_file()
 
 
 @pytest.mark.timeout(240)
-def test_sparse_clicks_learns_through_sparse_accumulators():
+def test_sparse_clicks_learns_through_sparse_accumulators(tmp_path):
   out = _launch(["--ps", "2", "--workers", "2", "--backup", "1"],
                 "examples.sparse_clicks", "--steps", "100", "--log_every",
-                "50")
+                "50", "--logdir", str(tmp_path))
+  assert (tmp_path / "sync_manifest.json").is_file()
   assert "[chief0] accumulators: 4 SparseConditionalAccumulator" in out
   match = re.search(r"final test accuracy (\d\.\d+) .*majority class "
                     r"(\d\.\d+)", out)
@@ -128,6 +131,7 @@ def test_estimator_learns_with_the_hook_in_train(tmp_path):
                 str(tmp_path))
   assert _final_accuracy(out) > 0.8, out[-4000:]
   assert "[worker0] replica 1 done" in out
+  assert (tmp_path / "sync_manifest.json").is_file()
 
 
 @pytest.mark.skipif(HAS_ESTIMATOR, reason="this TensorFlow ships Estimator")

@@ -1,0 +1,230 @@
+"""tools/launch's confinement: the cluster's ports are closed to the outside.
+
+A confined launch runs every task in a private network namespace with only
+loopback. These tests look from outside (this test process) and from inside
+(``tools/launch --enter PID``): the port listens inside, a connection from
+outside fails, nothing listens on it in our namespace, and tools/status run
+the way the demo prints it reads the live job while the same command from
+outside cannot reach it. The demo test trains the real digits example to its
+end. Every process group is killed in a finally block.
+"""
+
+import os
+import pathlib
+import re
+import shlex
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import support
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "tools" / "launch"
+_confine = support.load_tool("_confine.py")
+
+# A ps that only listens, as TensorFlow's server does (0.0.0.0), and replicas
+# that sleep: no TensorFlow, so the launch is up in a second.
+_LISTENER = r"""
+import json, os, socket, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+if task["type"] == "ps":
+  sock = socket.socket()
+  sock.bind(("0.0.0.0", 2222))
+  sock.listen()
+  print("listening", flush=True)
+time.sleep(float(os.environ["SLEEP"]))
+"""
+
+
+def _env(**extra):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+             **extra)
+  env.pop("TF_CONFIG", None)
+  env.pop("SYNC_REPLICAS_UNCONFINED", None)
+  # The demo's `python` is the one running these tests.
+  env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+  return env
+
+
+class _Output:
+  """Collects a process's output lines in a bounded thread."""
+
+  def __init__(self, proc):
+    self.lines = []
+    self._thread = support.BoundedThread(self._read, proc, name="output")
+    self._thread.start()
+
+  def _read(self, proc):
+    for line in iter(proc.stdout.readline, b""):
+      self.lines.append(line.decode(errors="replace"))
+
+  def text(self):
+    return "".join(self.lines)
+
+  def find(self, pattern, what, timeout):
+    support.wait_until(lambda: re.search(pattern, self.text()),
+                       timeout=timeout, what=what, interval=0.1)
+    return re.search(pattern, self.text())
+
+  def finish(self):
+    self._thread.finish(timeout=30)
+    return self.text()
+
+
+def _listens(port, pid="self"):
+  """True if a socket listens on ``port`` in the network namespace of pid."""
+  for table in ("tcp", "tcp6"):
+    path = pathlib.Path("/proc/%s/net/%s" % (pid, table))
+    if not path.exists():
+      continue
+    for row in path.read_text().splitlines()[1:]:
+      local, state = row.split()[1], row.split()[3]
+      if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":
+        return True
+  return False
+
+
+def _connects(port):
+  try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    return True
+  except OSError:
+    return False
+
+
+@pytest.mark.timeout(60)
+def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
+  if _listens(2222):
+    pytest.skip("something on this machine already listens on 2222, which "
+                "would make 'closed outside' untestable here")
+  proc = subprocess.Popen(
+      [sys.executable, str(LAUNCH), "--ps", "1", "--workers", "1", "--",
+       sys.executable, "-c", _LISTENER], cwd=ROOT, env=_env(SLEEP="20"),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    output = _Output(proc)
+    pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
+                          timeout=20).group(1))
+    assert pid == proc.pid
+    output.find(r"\[ps0\] listening", "ps0 listening", timeout=20)
+    ps_pid = int(output.find(r"started ps0 \(pid (\d+)\)", "ps0's pid",
+                             timeout=5).group(1))
+    assert _listens(2222, ps_pid), "ps0 does not listen in its namespace"
+    assert not _listens(2222), "port 2222 listens in the test's namespace"
+    assert not _connects(2222), "port 2222 accepted a connection from outside"
+    inside = subprocess.run(
+        [sys.executable, str(LAUNCH), "--enter", str(pid), "--",
+         sys.executable, "-c", "import socket; socket.create_connection("
+         "('127.0.0.1', 2222), timeout=2); print('connected')"],
+        cwd=ROOT, capture_output=True, text=True, timeout=20)
+    assert inside.returncode == 0 and "connected" in inside.stdout, inside
+  finally:
+    support.kill_group(proc)
+  output.finish()
+
+
+@pytest.mark.timeout(60)
+def test_enter_refuses_a_pid_that_is_no_confined_launch(tmp_path):
+  not_launch = subprocess.run(
+      [sys.executable, str(LAUNCH), "--enter", str(os.getpid()), "--",
+       "true"], cwd=ROOT, capture_output=True, text=True, timeout=20)
+  assert not_launch.returncode == 2
+  assert "process %d is not tools/launch" % os.getpid() in not_launch.stderr
+  proc = subprocess.Popen(
+      [sys.executable, str(LAUNCH), "--unconfined", "--ps", "0", "--workers",
+       "1", "--", sys.executable, "-c", "import time; time.sleep(20)"],
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      start_new_session=True)
+  try:
+    output = _Output(proc)
+    output.find(r"started chief0", "the chief started", timeout=20)
+    assert "unconfined: every task's port listens on all" in output.text()
+    shared = subprocess.run(
+        [sys.executable, str(LAUNCH), "--enter", str(proc.pid), "--", "true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=20)
+  finally:
+    support.kill_group(proc)
+  output.finish()
+  assert shared.returncode == 2
+  assert "shares this network namespace" in shared.stderr
+  assert "run the command without --enter" in shared.stderr
+
+
+def test_launch_that_cannot_confine_says_so_in_one_line_and_starts_nothing():
+  # A real condition under which no namespace can be made: a thread already
+  # runs (unshare would confine that thread alone).
+  code = ("import runpy, sys, threading, time; threading.Thread("
+          "target=time.sleep, args=(5,), daemon=True).start(); sys.argv = ["
+          "'launch', '--workers', '1', '--', 'true']; runpy.run_path(%r, "
+          "run_name='__main__')" % str(LAUNCH))
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
+                        capture_output=True, text=True, timeout=30)
+  assert proc.returncode == 2, proc
+  assert proc.stderr.count("\n") == 1, proc.stderr
+  assert proc.stderr.startswith(
+      "launch: cannot confine the cluster to a private network namespace "
+      "(the process already runs 2 threads"), proc.stderr
+  assert "rerun with --unconfined (or SYNC_REPLICAS_UNCONFINED=1)" in (
+      proc.stderr)
+  assert "started" not in proc.stdout
+
+
+@pytest.mark.timeout(420)
+def test_demo_trains_confined_and_its_printed_status_command_reads_it(
+    tmp_path):
+  if _listens(2222):
+    pytest.skip("something on this machine already listens on 2222")
+  logdir = tmp_path / "demo"
+  # Slowed steps (a 50 ms median delay, sleeping) keep the job training
+  # while tools/status starts, which takes TensorFlow's import time.
+  proc = subprocess.Popen(
+      [str(ROOT / "tools" / "_demo"), "--steps", "600", "--delay_ms", "50",
+       "--log_every", "200", "--checkpoint_every", "1000", "--no_plot"],
+      cwd=ROOT, env=_env(SYNC_REPLICAS_DEMO_LOGDIR=str(logdir)),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    output = _Output(proc)
+    command = output.find(r"\[demo\] its sync state, from another terminal "
+                          r"in \S+: (.*)\n", "the demo's status line",
+                          timeout=30).group(1)
+    argv = shlex.split(command)
+    assert argv[:3] == ["tools/launch", "--enter", str(proc.pid)], command
+    assert argv[4:] == [sys.executable, "tools/status", "--manifest",
+                        str(logdir), "--ps", "127.0.0.1:2222"], command
+    support.wait_until(
+        lambda: (logdir / "sync_manifest.json").exists() or (
+            proc.poll() is not None),
+        timeout=180, what="the chief's sync_manifest.json", interval=0.2)
+    assert not _connects(2222), "the demo's ps accepted a connection from " \
+        "outside its namespace"
+    # Side by side, to spend TensorFlow's import time once: the printed
+    # command, and the same tools/status from outside the namespace.
+    inside = _run_bounded(argv)
+    outside = _run_bounded(argv[4:] + ["--timeout", "3"])
+    inside, outside = inside.finish(240), outside.finish(240)
+    still_training = proc.poll() is None
+    proc.wait(timeout=300)
+  finally:
+    support.kill_group(proc)
+  text = output.finish()
+  assert inside.returncode == 0, (inside.stdout, inside.stderr)
+  assert re.search(r"global_step: \d+", inside.stdout), inside.stdout
+  assert "hidden/weights" in inside.stdout and "/2 " in inside.stdout
+  assert still_training, "training ended before tools/status returned"
+  assert outside.returncode == 1, (outside.stdout, outside.stderr)
+  assert "could not reach the job at grpc://127.0.0.1:2222" in outside.stderr
+  assert proc.returncode == 0, text[-4000:]
+  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
+                   text), text[-4000:]
+
+
+def _run_bounded(argv):
+  thread = support.BoundedThread(
+      lambda: subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True,
+                             text=True, timeout=200),
+      name="run-" + os.path.basename(argv[0]))
+  thread.start()
+  return thread
