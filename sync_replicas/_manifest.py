@@ -20,6 +20,7 @@ import json
 import tensorflow as tf
 
 from sync_replicas import _accumulators
+from sync_replicas import _diagnose
 from sync_replicas import _tokens
 
 FORMAT = "sync_replicas.manifest/1"
@@ -27,15 +28,17 @@ FORMAT = "sync_replicas.manifest/1"
 FILE_NAME = "sync_manifest.json"
 
 # global_step, tokens: scalar tensors; num_accumulated: one per accumulator,
-# in manifest order.
-ReadOps = collections.namedtuple("ReadOps",
-                                 ["global_step", "tokens", "num_accumulated"])
+# in manifest order; starts: the generations queue's length, or None for a
+# manifest that does not name it.
+ReadOps = collections.namedtuple(
+    "ReadOps", ["global_step", "tokens", "num_accumulated", "starts"])
 
 
 def build(*, accumulators, global_step, replicas_to_aggregate,
           total_num_replicas, tokens_per_step,
           token_queue_shared_name=_tokens.TOKEN_QUEUE_NAME,
-          worker_token_queue_shared_names=()):
+          worker_token_queue_shared_names=(), local_step=None,
+          generations_shared_name=None):
   """A manifest (a JSON-serializable dict).
 
   Args:
@@ -47,6 +50,10 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
     token_queue_shared_name: ``sync_token_q``'s shared name.
     worker_token_queue_shared_names: With ``one_gradient_per_worker``, the
       workers' own token queues (their sizes count as tokens queued).
+    local_step: This worker's ``sync_rep_local_step``: a reader finds every
+      replica's by its name, on each replica task (``_diagnose``).
+    generations_shared_name: The restart generations' queue (its length
+      says how many times ``chief_init_op`` ran on the ps).
 
   Returns:
     The manifest.
@@ -83,6 +90,10 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
                       "dtype": gs.dtype.base_dtype.name},
       "worker_token_queues": list(worker_token_queue_shared_names),
       "accumulators": entries,
+      # Optional keys (readers of older manifests go without them).
+      "local_step": (None if local_step is None
+                     else dict(_diagnose.local_step_spec(local_step)._asdict())),
+      "generations_queue": generations_shared_name,
   }
 
 
@@ -216,7 +227,13 @@ def read_ops(manifest):
                   shared_name=entry["shared_name"],
                   reduction_type=entry.get("reduction_type", "MEAN"))
       counts.append(accum.num_accumulated())
-  return ReadOps(step, tokens, counts)
+  starts = None
+  if manifest.get("generations_queue"):
+    with tf.compat.v1.device(q["device"]):
+      starts = tf.queue.FIFOQueue(
+          -1, tf.int32, shapes=(),
+          shared_name=manifest["generations_queue"]).size()
+  return ReadOps(step, tokens, counts, starts)
 
 
 def jobs(manifest):

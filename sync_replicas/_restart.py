@@ -49,11 +49,15 @@ class Generations:
     self._scope = scope
     self._device = global_step.device
     self.enabled = global_step.dtype.base_dtype == tf.int64
+    #: Where a status reader finds the queue on the ps.
+    self.shared_name = token_queue_shared_name + "_generations"
     with tf.compat.v1.device(self._device), tf.compat.v1.name_scope(scope):
       self._queue = tf.queue.FIFOQueue(
           -1, tf.int32, shapes=(), name="generations",
-          shared_name=token_queue_shared_name + "_generations")
+          shared_name=self.shared_name)
       self.start_op = self._queue.enqueue(1, name="start_generation")
+      # Read by the stall report: 0 means chief_init_op never ran here.
+      self.starts = self._queue.size(name="starts")
 
   def offset(self):
     """This generation's int64 step offset, read when it is computed.

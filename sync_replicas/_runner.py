@@ -47,7 +47,7 @@ import time
 import tensorflow as tf
 
 from sync_replicas import _compat
-from sync_replicas import _status
+from sync_replicas import _diagnose
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
@@ -77,7 +77,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   """
 
   def __init__(self, token_queue, sync_op, *, status, global_step,
-               replicas_to_aggregate, prompt_stop=True, stall_log_secs=60.0,
+               replicas_to_aggregate, local_step=None, prompt_stop=True,
+               stall_log_secs=60.0,
                stall_timeout_secs=None, extra_close_op=None, deadline=None,
                clock=time.monotonic):
     with _compat.quiet_deprecations():
@@ -88,6 +89,10 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self._sync_op = sync_op
     self._status = status
     self._global_step = global_step
+    self._local_step = local_step
+    self._local_steps = (
+        None if local_step is None else
+        _diagnose.LocalStepReader(_diagnose.local_step_spec(local_step)))
     self._replicas_to_aggregate = replicas_to_aggregate
     self._prompt_stop = prompt_stop
     self._stall_log_secs = stall_log_secs
@@ -266,9 +271,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     last_step, since = None, self._clock()
     while not coord.wait_for_stop(period):
       try:
-        step, counts, tokens = sess.run(
+        step, counts, tokens, starts = sess.run(
             [self._global_step, self._status.num_accumulated,
-             self._status.tokens])
+             self._status.tokens, self._status.starts])
       except Exception as e:  # pylint: disable=broad-except
         if not self._stopping(coord):
           _LOG.debug("status read failed: %s", e)
@@ -278,10 +283,12 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
-      what = _status.describe(
-          self._status.names, counts, tokens,
+      what = _diagnose.verdict(
+          names=self._status.names, counts=counts, tokens=tokens,
           replicas_to_aggregate=self._replicas_to_aggregate,
-          global_step=int(step))
+          global_step=int(step), starts=int(starts),
+          generations=self._global_step.dtype.base_dtype == tf.int64,
+          local_steps=self._read_local_steps(sess))
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         try:
           raise errors.SyncStallError(
@@ -296,3 +303,27 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         return
       if self._stall_log_secs:
         _LOG.warning("sync_replicas: no update for %.0f s: %s", waited, what)
+
+  def _read_local_steps(self, sess):
+    """Every replica's local step, for the stall line; () if unknowable.
+
+    Against a remote master, each replica task's (a fresh session per
+    read, bounded); in process, this chief's own. Only on a stall report.
+    """
+    if self._local_step is None:
+      return ()
+    spec = _diagnose.local_step_spec(self._local_step)
+    try:
+      devices = []
+      if sess.sess_str:
+        devices = _diagnose.replica_devices(
+            [d.name for d in sess.list_devices()], spec.device)
+      if not devices:
+        return [_diagnose.LocalStep(spec.device or "this replica",
+                                    int(sess.run(self._local_step)), None)]
+      return self._local_steps.read(
+          sess.sess_str, devices,
+          config=_compat.session_config(sess))
+    except Exception as e:  # pylint: disable=broad-except
+      _LOG.debug("reading the replicas' local steps failed: %s", e)
+      return ()

@@ -14,13 +14,14 @@ import tensorflow as tf
 # num_accumulated: one int32 scalar per accumulator, in accumulator order;
 # names: the matching variable names; tokens: the token queue's size;
 # ready: True when every accumulator holds enough gradients for its take, so
-# running the chief's sync op cannot block.
+# running the chief's sync op cannot block; starts: how many times
+# chief_init_op ran on this ps (the restart generations' queue length).
 StatusOps = collections.namedtuple(
-    "StatusOps", ["names", "num_accumulated", "tokens", "ready"])
+    "StatusOps", ["names", "num_accumulated", "tokens", "ready", "starts"])
 
 
 def build(accumulators, token_queues, *, replicas_to_aggregate, token_device,
-          scope):
+          scope, starts):
   """Builds the status ops.
 
   Args:
@@ -30,6 +31,7 @@ def build(accumulators, token_queues, *, replicas_to_aggregate, token_device,
     replicas_to_aggregate: Gradients each take needs.
     token_device: The token queue's (global step's) device.
     scope: The name scope to build them in.
+    starts: The chief starts' count (``_restart.Generations.starts``).
 
   Returns:
     A ``StatusOps``.
@@ -45,12 +47,5 @@ def build(accumulators, token_queues, *, replicas_to_aggregate, token_device,
         tf.stack(counts) >= replicas_to_aggregate) if counts else tf.constant(
             True)
   return StatusOps([a.name for a in accumulators], counts, tokens,
-                   ready)
+                   ready, starts)
 
-
-def describe(names, counts, tokens, *, replicas_to_aggregate, global_step):
-  """One log line: which accumulators still wait, and the tokens queued."""
-  waiting = ["%s %d/%d" % (n, c, replicas_to_aggregate)
-             for n, c in zip(names, counts) if c < replicas_to_aggregate]
-  return ("update to step %d waits for gradients: %s; %d token(s) queued"
-          % (global_step + 1, ", ".join(waiting) or "none (applying)", tokens))

@@ -396,7 +396,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         token_queue_shared_name=self._token_shared_name,
         worker_token_queue_shared_names=[
             q.queue_ref.op.get_attr("shared_name").decode()
-            for q in self._worker_queues])
+            for q in self._worker_queues],
+        local_step=self._local_step,
+        generations_shared_name=self._generations.shared_name)
 
   def write_sync_manifest(self, path):
     """Writes ``sync_manifest()`` as JSON for ``tools/status``.
@@ -644,7 +646,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         self._status = _status.build(
             self._accumulators, [token_queue] + worker_queues,
             replicas_to_aggregate=self._replicas_to_aggregate,
-            token_device=global_step.device, scope=own_scope)
+            token_device=global_step.device, scope=own_scope,
+            starts=generations.starts)
         runner_op = sync_op
         if stats is not None:
           stats.finish(self._status)
@@ -661,7 +664,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         # Stock's QueueRunner(token_queue, [sync_op]), made to stop promptly.
         chief_queue_runner = _runner.SyncQueueRunner(
             token_queue, runner_op, status=self._status,
-            global_step=global_step,
+            global_step=global_step, local_step=local_step,
             replicas_to_aggregate=self._replicas_to_aggregate,
             prompt_stop=self._prompt_stop,
             stall_log_secs=self._stall_log_secs,

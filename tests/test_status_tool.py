@@ -68,6 +68,9 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert "tokens queued: 1 (each update releases 2)" in text
   assert "w " in text and " 1/2 " in text
   assert "update to step 1 waits for 1 more gradient(s)" in text
+  # Both replicas hold local step 0 (the global step): nothing is stale.
+  assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0, "
+          "/job:worker/replica:0/task:1 0\n") in text, text
   assert state() == [0, 1, [1]], "the status tool changed the sync state"
 
   # The second gradient completes the update; the tool sees it too.

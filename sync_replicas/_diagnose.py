@@ -1,0 +1,277 @@
+"""Why an update waits: the stall verdict, with every worker's local step.
+
+Owns the one text that says what a stalled update waits for (the chief's
+stall log line and ``tools/status`` both print it) and the read, from
+outside any worker's graph, of every worker's ``sync_rep_local_step``.
+
+An accumulator drops a push whose local step is behind its own step and
+counts nothing for it, so "0/2 gradients" alone cannot tell workers that are
+gone from workers whose every push is stale. The local steps can: a worker
+holds the step of the last token it took, and pushes with it. They live on
+each worker's own task, so they are read only when a stall is reported (in a
+fresh graph, through ``VarHandleOp``/``VariableV2`` by the variable's name, as
+between-graph replication shares variables), never on the training path.
+"""
+
+import collections
+import logging
+import threading
+
+import tensorflow as tf
+
+from sync_replicas import _compat
+from sync_replicas import _restart
+
+_LOG = logging.getLogger(__name__)
+
+#: Jobs whose tasks may run a replica (a TF_CONFIG job may name a "chief").
+REPLICA_JOBS = ("chief", "worker")
+#: Bound on reading one worker's local step: a dead worker is reported as
+#: unreachable, never waited for.
+READ_TIMEOUT_MS = 2000
+
+# name: the variable's op name (the same in every worker's graph); dtype: its
+# dtype's name; resource: a resource variable (else a TF1 ref variable);
+# device: the device it has in this graph ("" when unplaced).
+LocalStepSpec = collections.namedtuple(
+    "LocalStepSpec", ["name", "dtype", "resource", "device"])
+# device: the task read; step: its local step, or None with ``error`` saying
+# why it could not be read.
+LocalStep = collections.namedtuple("LocalStep", ["device", "step", "error"])
+
+
+def local_step_spec(local_step):
+  """What a reader needs to find ``local_step`` on every worker."""
+  return LocalStepSpec(local_step.op.name, local_step.dtype.base_dtype.name,
+                       not _compat.is_ref_variable(local_step),
+                       local_step.device)
+
+
+def replica_devices(device_names, own_device):
+  """The task devices (``/job:J/replica:R/task:T``) that may hold a replica.
+
+  Args:
+    device_names: Every device of the cluster, as ``Session.list_devices``
+      names them.
+    own_device: This worker's local step device: its job counts too.
+
+  Returns:
+    Sorted task device strings, one per task.
+  """
+  jobs = set(REPLICA_JOBS)
+  own = tf.DeviceSpec.from_string(own_device or "")
+  if own.job:
+    jobs.add(own.job)
+  tasks = set()
+  for name in device_names:
+    spec = tf.DeviceSpec.from_string(name)
+    if spec.job in jobs and spec.task is not None:
+      tasks.add((spec.job, spec.replica or 0, spec.task))
+  return ["/job:%s/replica:%d/task:%d" % t for t in sorted(tasks)]
+
+
+def probe_config(config, device):
+  """The chief session's config, filtered to ``device``'s task alone.
+
+  A replica's local step lives on its own task, which the chief's own
+  filters may exclude; a session filtered to that task alone also never
+  waits for any other (dead) task.
+  """
+  probe = tf.compat.v1.ConfigProto()
+  if config is not None:
+    probe.CopyFrom(config)
+  del probe.device_filters[:]
+  probe.device_filters.append(device)
+  return probe
+
+
+def _read_op(spec, device):
+  dtype = tf.as_dtype(spec.dtype)
+  scope = spec.name.rpartition("/")[0]
+  base = spec.name.rpartition("/")[2]
+  with tf.compat.v1.device(device), tf.compat.v1.name_scope(
+      scope + "/" if scope else None):
+    if spec.resource:
+      handle = tf.raw_ops.VarHandleOp(dtype=dtype, shape=[],
+                                      shared_name=spec.name)
+      return tf.raw_ops.ReadVariableOp(resource=handle, dtype=dtype)
+    # A ref variable is shared by its node name: the op must carry it.
+    ref = tf.raw_ops.VariableV2(shape=[], dtype=dtype, name=base)
+    return tf.identity(ref)
+
+
+class LocalStepReader:
+  """Reads every worker's local step, each read bounded in time.
+
+  A read from a worker task that died can block inside TensorFlow beyond
+  any run timeout (measured: a read placed on a dead task of a live cluster
+  never returned). Each device is therefore read in a daemon thread of its
+  own, waited for at most ``timeout_secs``; a device whose earlier read still
+  blocks is reported unreachable without a second thread, so at most one
+  thread per dead task is ever left waiting.
+  """
+
+  def __init__(self, spec, *, timeout_secs=READ_TIMEOUT_MS / 1000.0):
+    self._spec = spec
+    self._timeout_secs = timeout_secs
+    self._blocked = {}  # device -> the thread still inside its read
+
+  def read(self, target, devices, *, config=None):
+    """A ``LocalStep`` per device, in order, within about ``timeout_secs``."""
+    results, threads = {}, {}
+    for device in devices:
+      stuck = self._blocked.get(device)
+      if stuck is not None and stuck.is_alive():
+        results[device] = LocalStep(device, None,
+                                    "unreachable (an earlier read still waits)")
+        continue
+      thread = threading.Thread(
+          target=lambda d=device: results.__setitem__(
+              d, _read_one(target, self._spec, d, config,
+                           int(self._timeout_secs * 1000))),
+          name="SyncReplicasLocalStepRead", daemon=True)
+      thread.start()
+      threads[device] = thread
+    for device, thread in threads.items():
+      thread.join(self._timeout_secs + 1.0)
+      if thread.is_alive():
+        self._blocked[device] = thread
+        results.setdefault(device, LocalStep(device, None, "unreachable"))
+      else:
+        self._blocked.pop(device, None)
+    return [results[d] for d in devices]
+
+
+def _read_one(target, spec, device, config, timeout_ms):
+  """One device's local step, in a fresh graph and session."""
+  graph = tf.Graph()
+  with graph.as_default():
+    read = _read_op(spec, device)
+  options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
+  try:
+    with tf.compat.v1.Session(target, graph=graph,
+                              config=probe_config(config, device)) as sess:
+      return _run_read(sess, read, device, options)
+  except tf.errors.OpError as e:
+    return LocalStep(device, None, _reason(e))
+
+
+def _run_read(sess, read, device, options):
+  try:
+    return LocalStep(device, int(sess.run(read, options=options)), None)
+  except tf.errors.OpError as e:
+    return LocalStep(device, None, _reason(e))
+
+
+def _reason(error):
+  # A task whose replica has not started (or not initialized) has no local
+  # step yet: TensorFlow says NotFound or FailedPrecondition for the read.
+  return {tf.errors.NotFoundError: "not started",
+          tf.errors.FailedPreconditionError: "not started",
+          tf.errors.DeadlineExceededError: "unreachable",
+          tf.errors.UnavailableError: "unreachable"}.get(
+              type(error), type(error).__name__)
+
+
+def _decode(step, generation_stride):
+  """``(generation, plain step)`` of a generation-encoded step."""
+  if not generation_stride:
+    return 0, step
+  return step // generation_stride, step % generation_stride
+
+
+def manifest_devices(local_step_device, total_num_replicas):
+  """The replica tasks of a job, from its manifest's local step device.
+
+  Tasks ``0..total-1`` of the local step's job; a job run with a ``chief``
+  task (TF_CONFIG) has the chief and ``total - 1`` workers. An unplaced
+  local step (an in-process job) names no task: empty.
+  """
+  job = tf.DeviceSpec.from_string(local_step_device or "").job
+  if not job:
+    return []
+  if job == "chief":
+    return ["/job:chief/replica:0/task:0"] + [
+        "/job:worker/replica:0/task:%d" % i
+        for i in range(total_num_replicas - 1)]
+  return ["/job:%s/replica:0/task:%d" % (job, i)
+          for i in range(total_num_replicas)]
+
+
+def verdict(*, names, counts, tokens, replicas_to_aggregate, global_step,
+            starts=None, generations=False, local_steps=()):
+  """One line: what the next update waits for, and why, where it can tell.
+
+  Args:
+    names: Accumulator (variable) names, in order.
+    counts: Their fresh gradient counts.
+    tokens: Tokens queued.
+    replicas_to_aggregate: Gradients each update needs.
+    global_step: The global step's value.
+    starts: How many times ``chief_init_op`` ran on this ps (the generation
+      queue's length), or None if unknown.
+    generations: The steps carry the restart generation (int64 steps).
+    local_steps: ``LocalStep`` readings of the workers, if any.
+
+  Returns:
+    The text.
+  """
+  waiting = ["%s %d/%d" % (n, c, replicas_to_aggregate)
+             for n, c in zip(names, counts) if c < replicas_to_aggregate]
+  text = ("update to step %d waits for gradients: %s; %d token(s) queued"
+          % (global_step + 1, ", ".join(waiting) or "none (applying)", tokens))
+  clause = replicas_clause(
+      local_steps, global_step=global_step, tokens=tokens, starts=starts,
+      generations=generations, waiting=bool(waiting))
+  return text + "; " + clause if clause else text
+
+
+def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
+                    waiting):
+  """The replicas' part of the verdict: their local steps, and what follows.
+
+  Args:
+    local_steps: ``LocalStep`` readings; empty gives an empty clause.
+    global_step: The global step's value.
+    tokens: Tokens queued.
+    starts: ``chief_init_op`` runs on this ps, or None if unknown.
+    generations: The steps carry the restart generation (int64 steps).
+    waiting: Some accumulator holds fewer gradients than an update needs.
+
+  Returns:
+    The text, or "" without readings.
+  """
+  if not local_steps:
+    return ""
+  stride = _restart.GENERATION_STRIDE if generations else 0
+  generation = max((starts or 0) - 1, 0)
+  current = global_step + generation * stride
+  shown, stale, fresh = [], [], []
+  for reading in local_steps:
+    if reading.step is None:
+      shown.append("%s %s" % (reading.device, reading.error))
+      continue
+    gen, plain = _decode(reading.step, stride)
+    label = "%s %d" % (reading.device, plain)
+    if gen != generation:
+      label += " (generation %d, current %d)" % (gen, generation)
+    shown.append(label)
+    (stale if reading.step < current else fresh).append(reading.device)
+  text = "workers' local steps: " + ", ".join(shown)
+  if stale:
+    text += ("; every push from %s is stale (local step behind global step "
+             "%d) and dropped" % (", ".join(stale), global_step))
+    if not fresh and tokens == 0:
+      text += (": no worker can push a fresh gradient and no token is "
+               "queued, so no update can happen")
+  elif waiting and tokens == 0 and starts == 0 and all(
+      r.step == current for r in local_steps if r.step is not None):
+    # Workers hold the newest token, yet nothing accumulates: if they still
+    # push, the accumulators' own step is ahead of the global step.
+    text += ("; if these workers still train, their pushes are dropped: the "
+             "accumulators' step is ahead of the global step, as after the "
+             "global step went back (a checkpoint restore) without "
+             "chief_init_op, which resets them; chief_init_op never ran on "
+             "this ps: run it after restoring (the hook and TF 0.12's "
+             "Supervisor recipe do)")
+  return text

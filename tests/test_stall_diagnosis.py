@@ -1,0 +1,217 @@
+"""A stalled update says why: workers' local steps against the global step.
+
+Issue 16: a stall whose every push was stale printed "update to step 2 waits
+for gradients: ... 0/2", which points away from the cause. The stall line
+(and ``tools/status``) now lists every replica's local step, says which
+pushes are stale, and names the likely cause where it can be detected.
+"""
+
+import io
+import logging
+import threading
+
+import pytest
+import tensorflow as tf
+
+import support
+import sync_replicas
+from sync_replicas import _diagnose
+
+STALL_LOG_SECS = 0.3
+
+
+def _stall_lines(caplog):
+  return [r.getMessage() for r in caplog.records
+          if "no update for" in r.getMessage()]
+
+
+class _OneReplica:
+  """One replica on a local server, its session started by hand."""
+
+  def __init__(self, *, run_chief_init):
+    self.server = tf.distribute.Server.create_local_server()
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.global_step = tf.compat.v1.train.get_or_create_global_step()
+      v = tf.compat.v1.Variable([1.0, 2.0], name="v")
+      self.opt = sync_replicas.SyncReplicasOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.1),
+          replicas_to_aggregate=1, stall_log_secs=STALL_LOG_SECS)
+      self.train_op = self.opt.minimize(tf.reduce_sum(v * v),
+                                        global_step=self.global_step)
+      self.local_step = support.local_step_variable(self.graph)
+      self.rewind_global = self.global_step.assign(0)
+      self.rewind_local = self.local_step.assign(0)
+      init = [tf.compat.v1.global_variables_initializer(),
+              tf.compat.v1.local_variables_initializer()]
+      tokens = self.opt.get_init_tokens_op()
+    self.sess = tf.compat.v1.Session(self.server.target, graph=self.graph,
+                                     config=support.session_config())
+    self.sess.run(init)
+    if run_chief_init:
+      self.sess.run(self.opt.chief_init_op)
+    self.sess.run(tokens)
+    self.coord = tf.compat.v1.train.Coordinator()
+    self.threads = self.opt.get_chief_queue_runner().create_threads(
+        self.sess, coord=self.coord, daemon=True, start=True)
+
+  def step(self, want):
+    self.sess.run(self.train_op)
+    support.wait_until(lambda: self.sess.run(self.global_step) >= want,
+                       timeout=30, what="global step %d" % want)
+
+  def blocked_step(self):
+    """A train step that will block in the token dequeue (bounded)."""
+    options = tf.compat.v1.RunOptions(timeout_in_ms=20_000)
+    thread = support.BoundedThread(
+        lambda: self.sess.run(self.train_op, options=options),
+        name="blocked-step")
+    thread.start()
+    return thread
+
+  def close(self):
+    self.coord.request_stop()
+    self.coord.join(self.threads, stop_grace_period_secs=10)
+    self.sess.close()
+
+
+def _wait_for_stall_line(caplog, needle):
+  support.wait_until(
+      lambda: any(needle in line for line in _stall_lines(caplog)),
+      timeout=20, what="a stall line containing %r" % needle)
+  return [line for line in _stall_lines(caplog) if needle in line][-1]
+
+
+def test_stall_line_says_every_push_is_stale(caplog):
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  replica = _OneReplica(run_chief_init=True)
+  try:
+    for want in (1, 1, 2, 3):
+      replica.step(want)
+    # A worker holding an old step: its pushes are dropped, no token comes.
+    replica.sess.run(replica.rewind_local)
+    blocked = replica.blocked_step()
+    line = _wait_for_stall_line(caplog, "is stale")
+    assert "update to step 4 waits for gradients: v 0/1; 0 token(s)" in line
+    assert "workers' local steps: this replica 0" in line
+    assert ("every push from this replica is stale (local step behind global "
+            "step 3) and dropped: no worker can push a fresh gradient and no "
+            "token is queued, so no update can happen") in line
+  finally:
+    replica.close()
+  with pytest.raises(tf.errors.OpError):  # Closed queue or its own timeout.
+    blocked.finish(timeout=30)
+
+
+def test_stall_line_names_a_global_step_that_went_back_without_chief_init_op(
+    caplog):
+  """Inception-style start (no chief_init_op), then the global step goes
+  back as a restore would: the accumulator stays ahead, every push after
+  that is dropped although the worker holds the newest token."""
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  replica = _OneReplica(run_chief_init=False)
+  try:
+    for want in (1, 1, 2, 3):
+      replica.step(want)
+    replica.sess.run(replica.rewind_global)
+    replica.step(1)  # Local step 3 is not behind the accumulator: applied.
+    blocked = replica.blocked_step()  # Local step 1, accumulator at 4.
+    line = _wait_for_stall_line(caplog, "ahead of the global step")
+    assert "workers' local steps: this replica 1" in line
+    assert "chief_init_op never ran on this ps" in line
+  finally:
+    replica.close()
+  with pytest.raises(tf.errors.OpError):
+    blocked.finish(timeout=30)
+
+
+def test_stall_line_reads_every_replica_task(caplog):
+  """Against a cluster, each replica task's own local step is read."""
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=2, total=2,
+                               opt_kwargs={"stall_log_secs": STALL_LOG_SECS})
+  with chief.session() as sess:
+    sess.run(chief.train_op)  # Pushes at step 0; worker 1 never starts.
+    line = _wait_for_stall_line(caplog, "local steps")
+  assert "update to step 1 waits for gradients: w 1/2" in line
+  assert "/job:worker/replica:0/task:0 0" in line
+  assert "/job:worker/replica:0/task:1 not started" in line
+  assert "stale" not in line
+
+
+def test_reading_a_dead_task_is_bounded():
+  """A read placed on a task that is down never returns by itself."""
+  ports = sync_replicas.cluster.free_ports(2)
+  spec = tf.train.ClusterSpec({"worker": ["127.0.0.1:%d" % p for p in ports]})
+  alive = tf.distribute.Server(spec, job_name="worker", task_index=0)
+  reader = _diagnose.LocalStepReader(
+      _diagnose.LocalStepSpec("sync_rep_local_step", "int64", True, ""),
+      timeout_secs=1.0)
+  devices = ["/job:worker/replica:0/task:0", "/job:worker/replica:0/task:1"]
+  done = threading.Event()
+  found = []
+  thread = support.BoundedThread(
+      lambda: found.extend(reader.read(alive.target, devices)) or done.set())
+  thread.start()
+  thread.finish(timeout=20)
+  assert found[0] == _diagnose.LocalStep(devices[0], None, "not started")
+  assert found[1].step is None and found[1].error.startswith("unreachable")
+  # A second read does not start a second thread for the blocked task.
+  again = reader.read(alive.target, devices[1:])
+  assert again[0].error == "unreachable (an earlier read still waits)"
+
+
+@pytest.mark.parametrize("local, tokens, starts, want", [
+    (5, 0, 1, "every push from w0 is stale (local step behind global step 7)"
+              " and dropped: no worker can push"),
+    (7, 0, 0, "accumulators' step is ahead of the global step"),
+    (7, 0, 1, None),
+    (5 + 2 ** 32, 0, 3, "w0 5 (generation 1, current 2)"),
+], ids=["stale", "ahead-no-chief-init", "fresh", "older-generation"])
+def test_verdict_text(local, tokens, starts, want):
+  text = _diagnose.verdict(
+      names=["v"], counts=[0], tokens=tokens, replicas_to_aggregate=1,
+      global_step=7, starts=starts, generations=True,
+      local_steps=[_diagnose.LocalStep("w0", local, None)])
+  assert text.startswith("update to step 8 waits for gradients: v 0/1; "
+                         "%d token(s) queued; workers' local steps: w0 "
+                         % tokens)
+  if want is None:
+    assert "stale" not in text and "ahead" not in text
+  else:
+    assert want in text
+
+
+def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
+  """``tools/status`` reads the same local steps and prints the same words."""
+  status_tool = support.load_tool("status")
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  worker = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
+  with worker.graph.as_default():
+    local_step = support.local_step_variable(worker.graph)
+    rewind = local_step.assign(0)
+  worker.opt.write_sync_manifest(str(tmp_path))
+  with worker.session() as sess:
+    for want in (1, 1, 2, 3):
+      sess.run(worker.train_op)
+      support.wait_until(lambda: sess.run(worker.global_step) >= want,
+                         timeout=30, what="global step %d" % want)
+    sess.run(rewind)
+    options = tf.compat.v1.RunOptions(timeout_in_ms=8_000)
+    blocked = support.BoundedThread(
+        lambda: sess.run(worker.train_op, options=options), name="blocked")
+    blocked.start()
+    out = io.StringIO()
+    ps = cluster.cluster_spec.job_tasks("ps")[0]
+    support.wait_until(
+        lambda: status_tool.main(["--manifest", str(tmp_path), "--ps", ps],
+                                 out=out) == 0 and "is stale" in out.getvalue(),
+        timeout=20, what="tools/status to report the stale pushes")
+    text = out.getvalue()
+    assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0; "
+            "every push from /job:worker/replica:0/task:0 is stale (local step "
+            "behind global step 3) and dropped: no worker can push a fresh "
+            "gradient and no token is queued, so no update can happen") in text
+    with pytest.raises(tf.errors.OpError):
+      blocked.finish(timeout=30)
