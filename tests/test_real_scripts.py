@@ -226,11 +226,15 @@ def _worker1_ended_as_the_script_allows(worker1, runs):
   run's read of the step races its own update: a worker that read one step
   too few pushes once more, waits for a token, and gets OutOfRangeError when
   the chief's stop closes the token queue (stock's runner closes it too).
+
+  The chief starts training while worker 1 still imports TensorFlow; on a
+  loaded machine worker 1 may arrive after the chief's stop closed the token
+  queue, and its first run ends the same way. Either way the only failure
+  allowed is that closed queue.
   """
-  code = worker1.poll()
-  if code != 0:
-    assert "'sync_token_q' is closed" in worker1.text(), worker1.text()[-4000:]
-  assert runs, "worker 1 never trained:\n" + worker1.text()[-4000:]
+  if worker1.poll() != 0 or not runs:
+    assert worker1.poll() != 0 and "'sync_token_q' is closed" in (
+        worker1.text()), worker1.text()[-4000:]
 
 
 @pytest.mark.timeout(600)
