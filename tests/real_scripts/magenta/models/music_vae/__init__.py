@@ -1,0 +1,1 @@
+"""Stand-in package (see magenta/__init__.py)."""
