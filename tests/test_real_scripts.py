@@ -47,7 +47,7 @@ TRAIN_SECS = 150
 #: grace period (stock's is 120 s).
 PROMPT_SECS = 20
 #: How long stock's chief is shown still alive after the others exited.
-LINGER_SECS = 25
+LINGER_SECS = 10
 LN10 = math.log(10)
 
 
