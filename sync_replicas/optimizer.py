@@ -524,6 +524,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     ready_for_local_init_op = (
         tf.compat.v1.report_uninitialized_variables(
             tf.compat.v1.global_variables()))
+    # Most scripts never run it (only a Supervisor recipe does), and
+    # TensorFlow then logs "Object was never used" at exit, for stock too.
+    getattr(ready_for_local_init_op, "mark_used", lambda: None)()
 
     # What each take waits for: stock's constant, or with a deadline a value
     # the chief's runner feeds (the count that arrived by the deadline).
