@@ -141,12 +141,14 @@ class Job:
     return (self.tmp / ("%s%d.log" % (job, task))).read_text()[-4000:]
 
   def close(self):
-    # Processes first: nothing that fails below may leave a task running.
+    # The reader first, while its ps still runs: closing a session whose
+    # master is gone spends 10 s on gRPC retries (in every test's teardown).
+    # The processes in the finally: nothing that fails may leave one running.
     try:
+      self._close_reader()
+    finally:
       for proc in self.procs.values():
         support.kill_group(proc)
-    finally:
-      self._close_reader()
 
 
 def _start(job):
