@@ -198,7 +198,13 @@ def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   del repeat
   last_step = 150
   job = job_factory(workers=3, replicas=2, last_step=last_step, delay=0.05)
+  # Two workers could train without worker 2: none trains before all three
+  # are up, or a slow start-up would leave it nothing to contribute to.
+  job.hold()
   _start(job)
+  for task in range(1, 3):
+    job.wait_ready("worker", task)
+  job.release()
   support.wait_until(lambda: job.read("trace")[:, 2].sum() > 0, timeout=90,
                      what="worker 2's first applied gradient", interval=0.2)
   killed_at = int(job.read("global_step"))
