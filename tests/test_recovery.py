@@ -196,7 +196,9 @@ def job_factory(tmp_path):
 @pytest.mark.parametrize("repeat", range(REPEATS))
 def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   del repeat
-  last_step = 150
+  # Enough steps after the restart for the restarted worker to be among
+  # the first R of some update.
+  last_step = 300
   job = job_factory(workers=3, replicas=2, last_step=last_step, delay=0.05)
   # Two workers could train without worker 2: none trains before all three
   # are up, or a slow start-up would leave it nothing to contribute to.
