@@ -1,25 +1,24 @@
 """Runs tests/test_*.py as parallel pytest processes; tools/test calls it.
 
 Owns the whole-suite schedule: which files share a process, which run when,
-the per-file output, the summary (slowest files and tests, threads per
-process) and the exit code.
+the per-process output, the summary (slowest processes and tests, CPU and
+threads per process) and the exit code.
 
 Why processes, and which: TensorFlow cannot stop an in-process
 tf.distribute.Server, and each keeps about 85 threads until its process
 ends (the whole suite in one process once aborted in pthread_create at two
-thirds; pid_max is 32768 here). So every file runs in a fresh process,
-except the files marked ``pytestmark = pytest.mark.quick`` (light: at most a
-few small clusters each), which share one: one TensorFlow import instead of
-one each. Files run in parallel because most of the suite waits on RPCs,
-deadlines and child processes, not on the CPU; the slowest files start first
-so that the last one to start is a short one.
+thirds; pid_max is 32768 here). A file that takes long runs in a process of
+its own; the short ones share a few processes (packed so that their threads,
+added up, stay under PROCESS_THREADS), which saves a TensorFlow import
+(~5 s of CPU) per file. The processes run in parallel, the longest first,
+because much of the suite waits on RPCs, deadlines and child processes; the
+two cores are what bounds it, so fewer imports matter as much as overlap.
 
-A file nobody told this script about needs nothing: it is found by the glob,
-runs in its own process, and is started first (as if it were the slowest)
-until its time is written into EXPECTED_SECS. Before starting a process the
-scheduler also checks the threads already held by the running ones (see
-THREAD_BUDGET), so a new file with many clusters cannot push the machine
-past its thread limit by running next to another.
+A new file needs nothing: the glob finds it and, until its measured time and
+threads are added to EXPECTED, it runs alone and starts first (as if it were
+the slowest). Before starting a process the scheduler also checks the threads
+the running ones hold (THREAD_BUDGET), so no pairing of files can push the
+machine past its thread limit.
 """
 
 import argparse
