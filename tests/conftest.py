@@ -11,6 +11,15 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import support  # pylint: disable=g-import-not-at-top
 
 
+def pytest_configure(config):
+  # Registered here rather than in setup.cfg: tools/_env.sh reinstalls every
+  # venv when setup.cfg changes.
+  config.addinivalue_line(
+      "markers", "quick: the inner loop's tests (./tools/test --quick): "
+      "unit, validation, graph parity, hook and scenario tests, under a "
+      "minute together; a module sets pytestmark = pytest.mark.quick")
+
+
 @pytest.fixture(params=["stock", "ours"])
 def impl(request):
   """Each side-by-side test runs once with stock's class and once with ours."""

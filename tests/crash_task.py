@@ -26,6 +26,7 @@ STEP_MASK = (1 << 32) - 1  # Plain step from a generation-encoded local step.
 # A ps task serves until the test kills it; past this it leaves by itself
 # (longer than pytest-timeout, so only an orphan ever gets there).
 PS_LIFETIME_SECS = 600
+HOLD_TIMEOUT_SECS = 150  # Longer than any restart the test waits for.
 
 
 def _emit(path, **record):
@@ -45,6 +46,19 @@ class _Relabel(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     del coord
     session.run(self._relabel)
+
+
+def _wait_while_held(path, timeout=HOLD_TIMEOUT_SECS):
+  """Pauses between steps while the test holds this task (``hold_file``).
+
+  The test holds the tasks that keep training while it restarts another, so
+  that how long a restart takes never decides whether training ends first.
+  """
+  deadline = time.monotonic() + timeout
+  while path and os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise RuntimeError("still held by %s after %d s" % (path, timeout))
+    time.sleep(0.05)
 
 
 def _worker(spec):
@@ -97,6 +111,7 @@ def _worker(spec):
       save_summaries_secs=None, log_step_count_steps=None) as sess:
     _emit(spec["out"], event="ready")
     while not sess.should_stop():
+      _wait_while_held(spec.get("hold_file"))
       # Random delays shuffle who arrives last, so that with backups no
       # worker is dropped every time.
       time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))

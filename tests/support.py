@@ -106,6 +106,46 @@ def kill_group(proc, timeout=30):
   proc.wait(timeout=timeout)
 
 
+class SharedCluster:
+  """One LocalCluster for all of a module's tests, reset before each use.
+
+  A server keeps its ~85 threads until the process ends, so a module that
+  made a cluster per test held thousands of them (test_parity peaked at
+  about 14,000), which ruled out running files side by side. A reused
+  cluster is as clean as a fresh one: ``Session.reset`` on every worker
+  closes the sessions connected to it and clears every resource container
+  on every task (variables, accumulators, the token queue, whose shared
+  names are fixed), as tools/bench does between runs.
+
+  Usage, in place of ``cluster = LocalCluster(...)``::
+
+    cluster = SHARED.acquire()
+    try:
+      ...
+    except BaseException:
+      SHARED.discard()
+      raise
+  """
+
+  def __init__(self, *, num_workers, num_ps):
+    self._shape = dict(num_workers=num_workers, num_ps=num_ps)
+    self._cluster = None
+
+  def acquire(self):
+    """The cluster, with every container empty and no session open."""
+    if self._cluster is None:
+      self._cluster = sync_replicas.LocalCluster(**self._shape)
+    else:
+      for target in self._cluster.worker_targets:
+        tf.compat.v1.Session.reset(target)
+    return self._cluster
+
+  def discard(self):
+    """After a failed use: a thread may still be blocked in one of its runs
+    (a timed-out worker), so the next use gets a fresh cluster."""
+    self._cluster = None
+
+
 def run_chief_first(worker_fn, cluster, count, *args, timeout):
   """Runs ``worker_fn(cluster, task, ready, *args)`` for every task.
 

@@ -2,9 +2,13 @@
 
 import socket
 
+import pytest
+
 import sync_replicas
 from sync_replicas import _ports
 from sync_replicas import cluster as cluster_lib
+
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():

@@ -16,6 +16,8 @@ import tensorflow as tf
 import sync_replicas
 import support
 
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+
 RUNNER_LOGGER = "sync_replicas._runner"
 
 

@@ -6,6 +6,8 @@ import tensorflow as tf
 import support
 from sync_replicas import _packing
 
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+
 
 def _build(opt_cls, *, use_resource, variable_averages):
   """A dense + sparse model over 2 ps via replica_device_setter."""

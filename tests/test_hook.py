@@ -6,6 +6,8 @@ import tensorflow as tf
 import sync_replicas
 import support
 
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+
 
 def _sgd():
   return tf.compat.v1.train.GradientDescentOptimizer(1.0)

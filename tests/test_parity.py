@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import sync_replicas
 import support
 
 LR = 0.5
@@ -126,11 +125,16 @@ class Worker:
     self.session.close()
 
 
+# One cluster for the file, big enough for every scenario (3 workers, 2 ps):
+# a cluster per run held some 14,000 threads by the end of the file.
+_CLUSTER = support.SharedCluster(num_workers=3, num_ps=2)
+
+
 def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
               make_opt=OPTIMIZERS["sgd"], use_resource=True,
               step_dtype=tf.int64, averages=False, one_ps=False):
-  """Runs the waves on a fresh cluster; returns a state snapshot per wave."""
-  cluster = sync_replicas.LocalCluster(num_workers=num_workers, num_ps=2)
+  """Runs the waves on the reset cluster; returns a state snapshot per wave."""
+  cluster = _CLUSTER.acquire()
   workers = []
   try:
     for i in range(num_workers):  # The chief first: it initializes.
@@ -159,6 +163,9 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
       last_step = step
       snapshots.append(observer.read())
     return snapshots, workers
+  except BaseException:
+    _CLUSTER.discard()
+    raise
   finally:
     support.close_all(workers)
 
@@ -330,7 +337,7 @@ def test_averages_before_tokens_are_current_when_a_worker_resumes():
   def averaged_first(*args, **kwargs):
     return support.OURS(*args, averages_before_tokens=True, **kwargs)
 
-  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=2)
+  cluster = _CLUSTER.acquire()
   workers = []
   try:
     for i in range(2):
@@ -365,5 +372,8 @@ def test_averages_before_tokens_are_current_when_a_worker_resumes():
                                     err_msg="wave %d" % wave)
       np.testing.assert_array_equal(state[6], shadows[1],
                                     err_msg="wave %d" % wave)
+  except BaseException:
+    _CLUSTER.discard()
+    raise
   finally:
     support.close_all(workers)

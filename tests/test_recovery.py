@@ -38,7 +38,8 @@ class Job:
     self.tmp = tmp_path
     self.base = {"cluster": self.cluster, "replicas": replicas,
                  "last_step": last_step, "delay": delay,
-                 "checkpoint_dir": str(tmp_path / "ckpt")}
+                 "checkpoint_dir": str(tmp_path / "ckpt"),
+                 "hold_file": str(tmp_path / "hold")}
     self.procs = {}
     self.rows = last_step + 64
     self.workers = workers
@@ -66,6 +67,13 @@ class Job:
     self.procs[(job, task)] = subprocess.Popen(
         [sys.executable, str(TASK), json.dumps(spec)], stdout=log,
         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+  def hold(self):
+    """Every worker pauses before its next step, until ``release``."""
+    pathlib.Path(self.base["hold_file"]).touch()
+
+  def release(self):
+    pathlib.Path(self.base["hold_file"]).unlink()
 
   def kill(self, job, task):
     support.kill_group(self.procs[(job, task)])
@@ -141,12 +149,14 @@ class Job:
     return (self.tmp / ("%s%d.log" % (job, task))).read_text()[-4000:]
 
   def close(self):
-    # Processes first: nothing that fails below may leave a task running.
+    # The reader first, while its ps still runs: closing a session whose
+    # master is gone spends 10 s on gRPC retries (in every test's teardown).
+    # The processes in the finally: nothing that fails may leave one running.
     try:
+      self._close_reader()
+    finally:
       for proc in self.procs.values():
         support.kill_group(proc)
-    finally:
-      self._close_reader()
 
 
 def _start(job):
@@ -186,21 +196,35 @@ def job_factory(tmp_path):
 @pytest.mark.parametrize("repeat", range(REPEATS))
 def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   del repeat
-  job = job_factory(workers=3, replicas=2, last_step=300, delay=0.05)
+  # Enough steps after the restart for the restarted worker to be among
+  # the first R of some update.
+  last_step = 300
+  job = job_factory(workers=3, replicas=2, last_step=last_step, delay=0.05)
+  # Two workers could train without worker 2: none trains before all three
+  # are up, or a slow start-up would leave it nothing to contribute to.
+  job.hold()
   _start(job)
+  for task in range(1, 3):
+    job.wait_ready("worker", task)
+  job.release()
   support.wait_until(lambda: job.read("trace")[:, 2].sum() > 0, timeout=90,
                      what="worker 2's first applied gradient", interval=0.2)
   killed_at = int(job.read("global_step"))
   job.kill("worker", 2)
   # Two workers suffice with one backup: training goes on without it.
   job.wait_step(killed_at + 10)
+  # The others wait while worker 2 restarts: how long a restart takes (an
+  # import of TensorFlow on a loaded machine) must not decide whether
+  # training ends first.
+  job.hold()
   job.start("worker", 2)
   job.wait_ready("worker", 2)
   rejoined_at = int(job.read("global_step"))
-  assert rejoined_at < 300, "training ended before the worker came back"
+  job.release()
+  assert rejoined_at < last_step, "training ended before the worker came back"
   job.finish_workers()
   final = _assert_only_fresh_updates(job, replicas=2)
-  assert final >= 300
+  assert final >= last_step
   contributed = job.read("trace")[rejoined_at:, 2].sum()
   assert contributed > 0, "the restarted worker never contributed"
 

@@ -17,6 +17,8 @@ import tensorflow as tf
 import support
 import test_graph_parity
 
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+
 STATS = functools.partial(support.OURS, statistics=True,
                           statistics_log_steps=1)
 

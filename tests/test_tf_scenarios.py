@@ -5,8 +5,11 @@ run with both stock's class and ours, each on a fresh in-process cluster.
 """
 
 import numpy as np
+import pytest
 
 import support
+
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
 
 def assert_close(actual, expected):

@@ -6,10 +6,13 @@ optimizers share one token queue. Ours keeps stock's names for the default
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sync_replicas
 import support
+
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
 
 def _shared_names(graph, op_type):

@@ -14,6 +14,8 @@ import tensorflow as tf
 import sync_replicas
 import support
 
+pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+
 SGD = tf.compat.v1.train.GradientDescentOptimizer
 
 

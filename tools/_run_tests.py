@@ -1,0 +1,323 @@
+"""Runs tests/test_*.py as parallel pytest processes; tools/test calls it.
+
+Owns the whole-suite schedule: which files share a process, which run when,
+the per-process output, the summary (slowest processes and tests, CPU and
+threads per process) and the exit code.
+
+Why processes, and which: TensorFlow cannot stop an in-process
+tf.distribute.Server, and each keeps about 85 threads until its process
+ends (the whole suite in one process once aborted in pthread_create at two
+thirds; pid_max is 32768 here). A file that takes long runs in a process of
+its own; the short ones share a few processes (packed so that their threads,
+added up, stay under PROCESS_THREADS), which saves a TensorFlow import
+(~5 s of CPU) per file. The processes run in parallel, the longest first,
+because much of the suite waits on RPCs, deadlines and child processes; the
+two cores are what bounds it, so fewer imports matter as much as overlap.
+
+A new file needs nothing: the glob finds it and, until its measured time and
+threads are added to EXPECTED, it runs alone and starts first (as if it were
+the slowest). Before starting a process the scheduler also checks the threads
+the running ones hold (THREAD_BUDGET), so no pairing of files can push the
+machine past its thread limit.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+
+# What each file costs on its own, measured: seconds of pytest time on a
+# quiet 2-core machine (TensorFlow 2.21, without the ~5 s import) and the
+# peak thread count of its process. Used to pack files into processes and
+# to start the longest first. A file missing here runs alone, first (as if
+# slowest); stale values only cost some wall time, as the thread cap below
+# is also checked while the suite runs.
+EXPECTED = {  # file: (seconds, threads)
+    "test_bench_tool.py": (60, 10),
+    "test_cluster.py": (1, 270),
+    "test_deadline.py": (8, 730),
+    "test_estimator.py": (20, 500),  # Skipped on 2.16+; processes on 2.15.
+    "test_examples.py": (50, 10),
+    "test_graph_parity.py": (5, 10),
+    "test_hook.py": (2, 200),
+    "test_keras.py": (10, 460),
+    "test_launcher.py": (12, 10),
+    "test_legacy.py": (30, 2730),
+    "test_load.py": (40, 1610),
+    "test_one_gradient_per_worker.py": (10, 1170),
+    "test_package.py": (15, 10),
+    "test_parity.py": (55, 460),
+    "test_reads.py": (15, 290),
+    "test_recovery.py": (90, 10),
+    "test_restart.py": (10, 1430),
+    "test_shutdown.py": (35, 1860),
+    "test_sparse.py": (20, 3180),
+    "test_stats.py": (15, 370),
+    "test_status_tool.py": (15, 1340),
+    "test_supervisor.py": (8, 550),
+    "test_tf_scenarios.py": (8, 1590),
+    "test_two_optimizers.py": (3, 290),
+    "test_validation.py": (3, 10),
+}
+#: Files sharing a process hold, together, at most this many threads: a
+#: file's servers stay until the process ends, so a process's threads add up
+#: file after file.
+PROCESS_THREADS = 4_000
+#: A file expected to take longer than this runs in a process of its own:
+#: it is the suite's critical path already.
+ALONE_SECS = 45
+#: Seconds to import TensorFlow and start pytest: what sharing saves.
+IMPORT_SECS = 5
+
+#: Do not start another process while the running ones hold more threads
+#: than this (all of them together). pid_max is 32768 and other programs
+#: need pids too.
+THREAD_BUDGET = 12_000
+#: A process still running after this is killed and counted as failed
+#: (pytest-timeout bounds each test; this bounds a stuck interpreter).
+PROCESS_TIMEOUT_SECS = 1_500
+_QUICK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.quick\b", re.M)
+_POLL_SECS = 0.2
+
+
+def is_quick(path):
+  """Whether the file marks all its tests ``quick`` (the inner loop's)."""
+  return bool(_QUICK.search(path.read_text()))
+
+
+class Job:
+  """One pytest process over one file, or over all the quick files."""
+
+  def __init__(self, name, files, pytest_args, tmp):
+    self.name = name
+    self.files = files
+    self.xml = tmp / (name.replace("/", "_") + ".xml")
+    self.log = tmp / (name.replace("/", "_") + ".log")
+    self.cmd = [sys.executable, "-m", "pytest", *pytest_args,
+                "--junitxml=%s" % self.xml, *[str(f) for f in files]]
+    self.proc = None
+    self.start = self.end = None
+    self.peak_threads = 0
+    self.cpu_secs = 0.0
+    self.rc = None
+
+  @property
+  def expected_secs(self):
+    return IMPORT_SECS + sum(expected(f)[0] for f in self.files)
+
+  def launch(self):
+    self.start = time.monotonic()
+    with open(self.log, "wb") as out:
+      # Its own session: a kill reaches pytest and whatever it started in
+      # its group.
+      self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+
+  def threads(self):
+    """The process's current thread count (0 once it has exited)."""
+    try:
+      with open("/proc/%d/status" % self.proc.pid) as f:
+        for line in f:
+          if line.startswith("Threads:"):
+            return int(line.split()[1])
+    except OSError:
+      pass
+    return 0
+
+  def poll(self):
+    """Samples threads; returns True once the process has ended."""
+    if not self._reap(block=False):
+      self.peak_threads = max(self.peak_threads, self.threads())
+      if time.monotonic() - self.start < PROCESS_TIMEOUT_SECS:
+        return False
+      self.kill()
+      with open(self.log, "ab") as out:
+        out.write(b"\ntools/test: killed after %d s\n" % PROCESS_TIMEOUT_SECS)
+      self._reap(block=True)
+    self.end = time.monotonic()
+    self.rc = self.proc.returncode
+    return True
+
+  def _reap(self, *, block):
+    # wait4 rather than Popen.poll: it also says how much CPU the process
+    # (and the children it reaped) used, which decides what may share one.
+    pid, status, usage = os.wait4(self.proc.pid, 0 if block else os.WNOHANG)
+    if pid == 0:
+      return False
+    self.proc.returncode = os.waitstatus_to_exitcode(status)
+    self.cpu_secs = usage.ru_utime + usage.ru_stime
+    return True
+
+  def kill(self):
+    # Only while not reaped: after that the group id may be someone else's.
+    if self.proc is not None and self.proc.returncode is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+  @property
+  def secs(self):
+    return self.end - self.start
+
+  def test_times(self):
+    """(seconds, test id) of every test case in this job's JUnit XML."""
+    try:
+      root = ET.parse(self.xml).getroot()
+    except (OSError, ET.ParseError):
+      return []
+    return [(float(case.get("time", 0)),
+             "%s::%s" % (case.get("classname", ""), case.get("name", "")))
+            for case in root.iter("testcase")]
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+      prog="tools/test", add_help=False,
+      description="Arguments it does not know go to every pytest process.")
+  parser.add_argument("--quick", action="store_true",
+                      help="only the files marked quick")
+  parser.add_argument("--jobs", type=int,
+                      default=int(os.environ.get("SYNC_REPLICAS_TEST_JOBS",
+                                                 "4")),
+                      help="pytest processes at a time (default 4, or "
+                           "$SYNC_REPLICAS_TEST_JOBS)")
+  return parser.parse_known_args(argv)
+
+
+def expected(path):
+  """(seconds, threads) of a file; unknown files as slow as can be."""
+  return EXPECTED.get(path.name, (10_000, PROCESS_THREADS))
+
+
+def pack(files, workers):
+  """Groups files into processes: the long alone, the rest sharing.
+
+  Longest first, each short file joins the shared process with the least
+  expected time that has room for its threads. ``workers`` processes share
+  the short files (more if their threads need it), so that they end about
+  when the long ones do.
+  """
+  alone, shared = [], []
+  secs = lambda group: sum(expected(f)[0] for f in group)
+  threads = lambda group: sum(expected(f)[1] for f in group)
+  for f in sorted(files, key=lambda f: (-expected(f)[0], f.name)):
+    if expected(f)[0] > ALONE_SECS or expected(f)[1] >= PROCESS_THREADS:
+      alone.append([f])
+      continue
+    fits = [g for g in shared
+            if threads(g) + expected(f)[1] <= PROCESS_THREADS]
+    if len(shared) < workers or not fits:
+      shared.append([f])
+    else:
+      min(fits, key=secs).append(f)
+  return alone + shared
+
+
+def make_jobs(args, pytest_args, tmp):
+  files = sorted(TESTS.glob("test_*.py"))
+  if args.quick:
+    files = [f for f in files if is_quick(f)]
+  jobs = []
+  # The quick files are short: two processes (one per core here) cost two
+  # imports, not four.
+  for group in pack(files, min(args.jobs, 2) if args.quick else args.jobs):
+    name = ("tests/" + group[0].name if len(group) == 1 else
+            "group %d" % (sum(len(j.files) > 1 for j in jobs) + 1))
+    jobs.append(Job(name, sorted(group), pytest_args, tmp))
+  jobs.sort(key=lambda j: -j.expected_secs)
+  return jobs
+
+
+def run(jobs, *, workers, stop_early):
+  """Runs the jobs, at most ``workers`` at a time; returns those that ran."""
+  pending, running, done = list(jobs), [], []
+  stop = False
+  try:
+    while (pending and not stop) or running:
+      for job in list(running):
+        if job.poll():
+          running.remove(job)
+          done.append(job)
+          report(job, len(done), len(jobs))
+          # 2: interrupted or a usage error, which every file would repeat.
+          if job.rc == 2 or (stop_early and job.rc not in (0, 5)):
+            stop = True
+      held = sum(j.threads() for j in running)
+      if (pending and not stop and len(running) < workers
+          and (not running or held < THREAD_BUDGET)):
+        job = pending.pop(0)
+        job.launch()
+        running.append(job)
+        continue
+      time.sleep(_POLL_SECS)
+  finally:
+    for job in running:
+      job.kill()
+  return done
+
+
+def report(job, index, total):
+  """Prints a finished job's whole output at once, under a header."""
+  sys.stdout.write("\n%s\n[%d/%d] %s: exit %d in %.0f s\n%s\n"
+                   % ("=" * 78, index, total, job.name, job.rc, job.secs,
+                      "=" * 78))
+  sys.stdout.write(job.log.read_text(errors="replace"))
+  sys.stdout.flush()
+
+
+def summary(done, not_run, wall):
+  print("\n%s\ntools/test: %d pytest processes, %.0f s wall time"
+        % ("=" * 78, len(done), wall))
+  print("Processes, slowest first (CPU: the process and the children it "
+        "reaped; threads: the pytest process's peak):")
+  for job in sorted(done, key=lambda j: -j.secs):
+    files = ("" if job.files[0].name in job.name else
+             " (%s)" % ", ".join(f.stem for f in job.files))
+    print("  %-36s exit %3d in %4.0f s, CPU %4.0f s, %5d threads%s"
+          % (job.name, job.rc, job.secs, job.cpu_secs, job.peak_threads,
+             files))
+  for job in not_run:
+    print("  %-36s not run (stopped early)" % job.name)
+  tests = sorted((t for job in done for t in job.test_times()), reverse=True)
+  if tests:
+    print("Slowest tests (setup + call + teardown):")
+    for secs, name in tests[:15]:
+      print("  %6.1f s  %s" % (secs, name))
+
+
+def main(argv):
+  # A CI timeout's SIGTERM unwinds like Ctrl-C: run() kills what it started.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+  args, pytest_args = parse_args(argv)
+  stop_early = any(a in ("-x", "--exitfirst") or a.startswith("--maxfail")
+                   for a in pytest_args)
+  start = time.monotonic()
+  with tempfile.TemporaryDirectory(prefix="sync_replicas_tests_") as tmp:
+    jobs = make_jobs(args, pytest_args, pathlib.Path(tmp))
+    if not jobs:
+      print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
+      return 5
+    done = run(jobs, workers=max(1, args.jobs), stop_early=stop_early)
+    summary(done, [j for j in jobs if j not in done],
+            time.monotonic() - start)
+  if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
+    return 1
+  if all(j.rc == 5 for j in done):
+    print("tools/test: no test was collected in any file", file=sys.stderr)
+    return 5
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
