@@ -12,6 +12,7 @@ figures in the closing notes); CI runs each once.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ class Job:
                  "checkpoint_dir": str(tmp_path / "ckpt"),
                  "hold_file": str(tmp_path / "hold")}
     self.procs = {}
+    self._reserved = {}
     self.rows = last_step + 64
     self.workers = workers
     self._reader = None
@@ -77,12 +79,28 @@ class Job:
 
   def kill(self, job, task):
     support.kill_group(self.procs[(job, task)])
+    # Until the restarted task's server has bound the port again, hold it:
+    # free_ports (in any process: tests run in parallel) must not hand it
+    # out meanwhile. A plain bind fails next to this socket; the restarted
+    # server's gRPC bind, with SO_REUSEPORT like this one, does not.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    host, port = self.cluster[job][task].rsplit(":", 1)
+    sock.bind((host, int(port)))
+    self._reserved[(job, task)] = sock
 
   def wait_ready(self, job, task, count=1, timeout=90):
     support.wait_until(
         lambda: self.events(job, task).count("ready") >= count,
         timeout=timeout, what="%s%d session #%d" % (job, task, count),
         interval=0.1)
+    self._unreserve(job, task)
+
+  def _unreserve(self, job, task):
+    sock = self._reserved.pop((job, task), None)
+    if sock is not None:
+      sock.close()
 
   def _session(self):
     if self._reader is None:
@@ -157,6 +175,8 @@ class Job:
     finally:
       for proc in self.procs.values():
         support.kill_group(proc)
+      for key in list(self._reserved):
+        self._unreserve(*key)
 
 
 def _start(job):
@@ -218,7 +238,7 @@ def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   # training ends first.
   job.hold()
   job.start("worker", 2)
-  job.wait_ready("worker", 2)
+  job.wait_ready("worker", 2, count=2)  # Its first life said ready once.
   rejoined_at = int(job.read("global_step"))
   job.release()
   assert rejoined_at < last_step, "training ended before the worker came back"
