@@ -85,6 +85,9 @@ ROUNDS = 6
 STEPS_AFTER_ROUND = [1, 1, 2, 3, 4, 5]
 #: Stock's chief cannot stop its blocked runner thread: closing it waits this.
 GRACE_SECS = 1
+#: One cluster for every run of the matrix, its containers reset before each
+#: (a cluster per run held about 9,000 threads by the end of the file).
+SHARED = support.SharedCluster(num_workers=2, num_ps=1)
 
 
 class _Worker:
@@ -247,13 +250,15 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
   The close error is what closing the chief raised (stock's runner thread
   outlives the grace period in several modes), or None.
   """
-  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  # Reset also ends a stock runner thread still blocked from the last run.
+  cluster = SHARED.acquire()
   workers = [_Worker(opt_cls, cluster.worker_targets[t], t,
                      step_dtype=step_dtype, opt_kwargs=opt_kwargs)
              for t in range(2)]
   # The chief first, so the other finds the model initialized.
   sessions = []
   close_error = None
+  failed = True
   try:
     for w in workers:
       sessions.append(MODES[mode](w))
@@ -268,6 +273,7 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
     local_steps = [int(s.sess.run(w.local_step))
                    for w, s in zip(workers, sessions)]
     values = chief.run(workers[0].w)
+    failed = False
   finally:
     # Non-chief first: the chief's runner is the last to need the ps.
     for s in reversed(sessions):
@@ -275,6 +281,8 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
         s.close()
       except RuntimeError as e:
         close_error = e
+    if failed:
+      SHARED.discard()
   return steps, local_steps, values, close_error
 
 
