@@ -8,6 +8,7 @@ here.
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -89,3 +90,77 @@ def test_short_soak_trains_through_random_kills_of_every_role(tmp_path):
   assert summary["final_step"] == summary["target"], report
   assert summary["updates_applied"] > summary["kills_total"], report
   assert summary["processes_left"] == [], report
+
+
+root_only = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="network namespaces and veth links need root")
+
+
+def _ip_names():
+  """Every network namespace and link name on this machine."""
+  namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+  links = subprocess.run(["ip", "-o", "link"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+  return namespaces + links
+
+
+@root_only
+def test_network_cut_makes_a_task_unreachable_and_close_removes_everything():
+  before = _ip_names()
+  network = soak.Network([("ps", 0), ("chief", 0)])
+  try:
+    address = network.addresses["ps0"].split(":")[0]
+    server = subprocess.Popen(
+        network.command("ps0", [sys.executable, "-c", (
+            "import socket, sys\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+            "socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 7001)); s.listen(); s.settimeout(60)\n"
+            "print('up', flush=True)\n"
+            "while True:\n  c, _ = s.accept(); c.send(b'ok'); c.close()\n")]),
+        stdout=subprocess.PIPE, start_new_session=True)
+    try:
+      assert server.stdout.readline() == b"up\n"
+
+      def reach():
+        probe = subprocess.run(network.command("chief0", [
+            sys.executable, "-c",
+            "import socket; print(socket.create_connection((%r, 7001), "
+            "timeout=2).recv(2))" % address]), capture_output=True,
+                               text=True, timeout=30, check=False)
+        return "b'ok'" in probe.stdout
+
+      assert reach(), "chief0 cannot reach ps0 before any cut"
+      network.cut("ps0")
+      assert not reach(), "ps0 still reachable while its link is down"
+      network.mend("ps0")
+      support.wait_until(reach, timeout=20, what="ps0 reachable after mend",
+                         interval=0.5)
+    finally:
+      support.kill_group(server)
+  finally:
+    network.close()
+  after = _ip_names()
+  assert "sync-soak-%d" % os.getpid() not in after
+  assert "srb%d" % os.getpid() not in after
+  assert len(after.splitlines()) == len(before.splitlines()), after
+
+
+@pytest.mark.soak
+@root_only
+@pytest.mark.timeout(900)
+def test_short_soak_trains_through_network_cuts(tmp_path):
+  out = tmp_path / "soak"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "soak"), "--seconds", "45",
+       "--faults", "cut", "--kill-every", "3,8", "--cut-for", "2,8",
+       "--out", str(out)],
+      capture_output=True, text=True, timeout=840, check=False)
+  report = proc.stdout[-4000:] + proc.stderr[-2000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["violations"] == [], report
+  assert summary["cuts_total"] >= 3, report
+  assert summary["final_step"] == summary["target"], report
+  assert "sync-soak-" not in _ip_names()
