@@ -234,7 +234,7 @@ def test_wait_for_chief_survives_a_ps_restart(tmp_path):
       support.kill_group(ps)
       ps = start_ps()
       support.wait_until(
-          lambda: _ran(server.target, var.initializer, config), timeout=60,
+          lambda: _ran(server.target, var.initializer, config), timeout=150,
           what="the restarted ps initialized", interval=0.5)
       waiter.finish(timeout=60)  # Re-raises what the wait raised.
   finally:
