@@ -85,8 +85,11 @@ def test_short_soak_trains_through_random_kills_of_every_role(tmp_path):
   out = tmp_path / "soak"
   proc = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "soak"), "--seconds", "60",
-       "--kill-every", "4,10", "--down", "1,3", "--out", str(out)]
-      + TOLERATE_TORN,
+       "--kill-every", "4,10", "--down", "1,3", "--out", str(out),
+       # From the restart, not from the next update: a restarted chief or
+       # ps takes 20-40 s to start on a loaded 2-core machine, and the
+       # issue asks for at least 3 kills in 60 s.
+       "--no-settle"] + TOLERATE_TORN,
       capture_output=True, text=True, timeout=840, check=False)
   report = proc.stdout[-4000:] + proc.stderr[-2000:]
   summary = json.loads((out / "summary.json").read_text())
