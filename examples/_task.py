@@ -205,15 +205,33 @@ def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
     SystemExit: If the chief has not initialized the model within ``timeout``.
   """
   deadline = time.monotonic() + timeout
-  with tf.compat.v1.Session(target, config=config) as sess:
+  sess = None
+  try:
     while True:
+      if sess is None:
+        sess = tf.compat.v1.Session(target, config=config)
       try:
         if not len(sess.run(uninitialized_op)):  # pylint: disable=g-explicit-length-test
           return
       except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError):
         pass  # The ps is not up yet.
+      except tf.errors.AbortedError:
+        # A ps restarted and no longer knows this session: open a new one,
+        # as MonitoredSession does.
+        _close_quietly(sess)
+        sess = None
       if time.monotonic() > deadline:
         raise SystemExit(
             "The chief did not initialize the model within %.0f s. Is the "
             "chief task running, and does it reach the ps tasks?" % timeout)
       time.sleep(0.5)
+  finally:
+    if sess is not None:
+      _close_quietly(sess)
+
+
+def _close_quietly(sess):
+  try:
+    sess.close()
+  except tf.errors.OpError:
+    pass  # A restarted ps does not know the session it is asked to close.

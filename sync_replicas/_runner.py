@@ -15,7 +15,9 @@ avoids the wait:
   the loop on a session of its own to the same target; when the coordinator
   stops it closes the token queue (workers waiting for a token end with
   OutOfRange, a normal end for MonitoredSession) and then its own session,
-  which cancels a blocked take at once;
+  which cancels a blocked take at once; the queue stays open when a ps task
+  is unreachable or was restarted, for that stop is MonitoredSession
+  recovering the chief's session, not the end of training;
 * against an in-process master (``''``) a second session would not share the
   accumulators, so it runs the op only once every accumulator already holds
   enough gradients (a read-only check, polled with a bounded wait), and
@@ -209,11 +211,23 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         return
     # Tokens first: workers waiting for one end now instead of at the op
     # timeout. Then our session: that cancels a take blocked on the ps.
+    options = tf.compat.v1.RunOptions(timeout_in_ms=CLOSE_QUEUE_TIMEOUT_MS)
     try:
-      sess.run(self._close_ops(), options=tf.compat.v1.RunOptions(
-          timeout_in_ms=CLOSE_QUEUE_TIMEOUT_MS))
+      # Not when a ps task is gone or was restarted (its accumulators
+      # unreadable): that stop is MonitoredSession recreating the chief's
+      # session, and a token queue closed on a surviving ps stays closed,
+      # so every worker would end as if training were done and the
+      # recovered chief could not enqueue its tokens (issue 20).
+      sess.run(self._status.ready, options=options)
     except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("closing the token queue on stop: %s", e)
+      _LOG.info("sync_replicas: the chief stops while a ps task is "
+                "unreachable or restarted (%s): the token queue stays open "
+                "for the session that recovers", type(e).__name__)
+    else:
+      try:
+        sess.run(self._close_ops(), options=options)
+      except Exception as e:  # pylint: disable=broad-except
+        _LOG.debug("closing the token queue on stop: %s", e)
     runner_sess.close()
 
   def _run_local(self, sess, coord):

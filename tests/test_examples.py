@@ -7,11 +7,13 @@ chance. digits, sparse_clicks and digits_estimator run under tools/launch
 wait is bounded and every process group is killed in a finally block.
 """
 
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -192,3 +194,63 @@ def test_flags_default_to_loopback_and_worker_0_is_chief():
 def test_bad_cluster_settings_say_how_to_fix_them(argv, environ, message):
   with pytest.raises(SystemExit, match=message):
     _task.resolve(_args(argv), environ=environ)
+
+
+@pytest.mark.timeout(400)
+def test_wait_for_chief_survives_a_ps_restart(tmp_path):
+  """Found by tools/soak (issue 20): a worker started while a ps restarted
+  died with AbortedError ("Session handle is not found") in this wait."""
+  ports = cluster_lib.free_ports(2)
+  cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
+             "worker": ["127.0.0.1:%d" % ports[1]]}
+  spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+  def start_ps():
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "crash_task.py"), spec],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+  ps = start_ps()
+  try:
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster),
+                                  job_name="worker", task_index=0)
+    with tf.Graph().as_default() as graph:
+      with tf.compat.v1.device("/job:ps/task:0"):
+        var = tf.compat.v1.get_variable("v", [],
+                                        initializer=tf.ones_initializer())
+      uninitialized = tf.compat.v1.report_uninitialized_variables()
+      config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=5_000)
+
+      def wait():
+        with graph.as_default():  # A thread starts with the global graph.
+          _task.wait_for_chief(server.target, uninitialized, config,
+                               timeout=300.0)
+
+      waiter = support.BoundedThread(wait, name="wait_for_chief")
+      # The waiter's session must exist on the ps before it restarts.
+      support.wait_until(
+          lambda: _ran(server.target, uninitialized, config), timeout=150,
+          what="the ps serving", interval=0.2)
+      waiter.start()
+      time.sleep(2.0)
+      support.kill_group(ps)
+      ps = start_ps()
+      support.wait_until(
+          lambda: _ran(server.target, var.initializer, config), timeout=150,
+          what="the restarted ps initialized", interval=0.5)
+      waiter.finish(timeout=60)  # Re-raises what the wait raised.
+  finally:
+    support.kill_group(ps)
+
+
+def _ran(target, fetch, config):
+  """Runs ``fetch`` in a new session; False while the ps cannot serve it."""
+  try:
+    with tf.compat.v1.Session(target, config=config) as sess:
+      sess.run(fetch)
+    return True
+  except (tf.errors.UnavailableError, tf.errors.AbortedError,
+          tf.errors.DeadlineExceededError):
+    return False

@@ -32,10 +32,11 @@ REPEATS = int(os.environ.get("SYNC_REPLICAS_RECOVERY_REPEATS", "1"))
 class Job:
   """A cluster of task processes, and a reader session on the ps."""
 
-  def __init__(self, tmp_path, *, workers, replicas, last_step, delay=0.03):
-    ports = cluster_lib.free_ports(workers + 1)
-    self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
-                    "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
+  def __init__(self, tmp_path, *, workers, replicas, last_step, delay=0.03,
+               ps=1):
+    ports = cluster_lib.free_ports(workers + ps)
+    self.cluster = {"ps": ["127.0.0.1:%d" % p for p in ports[:ps]],
+                    "worker": ["127.0.0.1:%d" % p for p in ports[ps:]]}
     self.tmp = tmp_path
     self.base = {"cluster": self.cluster, "replicas": replicas,
                  "last_step": last_step, "delay": delay,
@@ -105,9 +106,14 @@ class Job:
   def _session(self):
     if self._reader is None:
       graph = tf.Graph()
-      with graph.as_default(), tf.compat.v1.device("/job:ps/task:0"):
+      # The tasks' device setter, in their creation order: with more than
+      # one ps, trace lives on ps 1.
+      with graph.as_default(), tf.compat.v1.device(
+          tf.compat.v1.train.replica_device_setter(
+              cluster=tf.train.ClusterSpec(self.cluster))):
         gs = tf.compat.v1.train.get_or_create_global_step()
         trace = tf.compat.v1.get_variable("trace", [self.rows, self.workers])
+      with graph.as_default(), tf.compat.v1.device("/job:ps/task:0"):
         tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=(),
                                     shared_name="sync_token_q").size()
       config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=10_000,
@@ -180,7 +186,8 @@ class Job:
 
 
 def _start(job):
-  job.start("ps", 0)
+  for task in range(len(job.cluster["ps"])):
+    job.start("ps", task)
   job.start("worker", 0)
   job.wait_ready("worker", 0)
   for task in range(1, job.workers):
@@ -284,4 +291,26 @@ def test_killed_ps_recovers_through_monitored_session(job_factory, repeat):
   job.finish_workers(timeout=240)
   assert "Restoring parameters from" in job.log_tail("worker", 0) or (
       "Restoring parameters" in (job.tmp / "worker0.log").read_text())
+  assert _assert_only_fresh_updates(job, replicas=2) >= 50
+
+
+@pytest.mark.timeout(400 * REPEATS)
+@pytest.mark.parametrize("repeat", range(REPEATS))
+def test_killed_ps_without_the_token_queue_leaves_workers_training(
+    job_factory, repeat):
+  """Found by tools/soak (issue 20).
+
+  ps 1 holds trace's accumulator but not the token queue (ps 0 does). Its
+  death makes the chief's MonitoredSession recreate its session, and the
+  chief's close on that stop used to close the token queue on the surviving
+  ps 0: every worker then ended as if training were done, and the recovered
+  chief failed enqueueing its tokens into the closed queue.
+  """
+  del repeat
+  job = job_factory(workers=2, replicas=2, last_step=50, ps=2)
+  _start(job)
+  job.wait_step(15)
+  job.kill("ps", 1)
+  job.start("ps", 1)
+  job.finish_workers(timeout=240)
   assert _assert_only_fresh_updates(job, replicas=2) >= 50

@@ -1,0 +1,36 @@
+"""tools/scale at its smallest: build records, transfer counts, the table.
+
+Not a speed test: it checks the tool builds each implementation's graph and
+that its per-update counts are the graph facts the cost model in
+docs/scaling.md relies on.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_scale_counts_fewer_transfers_for_packed_and_fused(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "scale"), "--vars", "8,16",
+       "--reps", "2", "--out", str(tmp_path)],
+      capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  records = [json.loads(line) for line in
+             (tmp_path / "scale.jsonl").read_text().splitlines()]
+  assert len(records) == 2 * 2 * 3
+  first = {(r["vars"], r["impl"]): r for r in records if r["rep"] == 0}
+  for v in (8, 16):
+    stock, ours, fused = (first[(v, i)] for i in ("stock", "ours", "fused"))
+    # Stock sends one gradient per variable; ours packs them per ps task,
+    # fused also takes one fused accumulator per ps task.
+    assert ours["worker_transfers"] < stock["worker_transfers"], first
+    assert fused["worker_transfers"] < ours["worker_transfers"], first
+    assert fused["chief_ops"] < stock["chief_ops"], first
+  # Stock's per-variable transfers grow with V, at least one per variable.
+  assert (first[(16, "stock")]["worker_transfers"]
+          - first[(8, "stock")]["worker_transfers"]) >= 8
+  assert "| 16 | fused |" in proc.stdout

@@ -1,0 +1,175 @@
+"""tools/soak end to end: a short chaos soak, and its checks on their own.
+
+The soak (``-m soak`` selects it) is what CI runs of issue 20's soak: 60 s
+of random SIGKILLs across every role of a 2-ps, 4-replica process cluster,
+with every invariant the tool checks. The other tests feed the tool's checks
+crafted traces and step series, so a check that can never fail would show
+here.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import support
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+soak = support.load_tool("soak")
+#: A checkpoint saved while the chief's runner applies an update can hold
+#: half of it (docs/operations-soak.md, fault 3, open; stock has the same
+#: race). It is still reported; a restore from one still fails the trace
+#: check. Remove this once the sync loop pauses for saves.
+TOLERATE_TORN = ["--tolerate-torn-checkpoints"]
+
+
+def _trace(step, replicas, num_replicas=4):
+  """A trace after ``step`` fresh updates, contributors spread by step."""
+  trace = np.zeros((soak.ROWS, num_replicas), np.float32)
+  for s in range(step):
+    for k in range(replicas):
+      trace[s % soak.ROWS, (s + k) % num_replicas] += 1
+  return trace
+
+
+def test_row_check_accepts_fresh_updates_across_the_wrap():
+  step = soak.ROWS + 37
+  assert soak.row_errors(_trace(step, 3), step, 3, in_flight=False) == []
+
+
+def test_row_check_reports_a_stale_gradient_in_its_row():
+  trace = _trace(100, 3)
+  trace[98, 0] -= 1  # Update 98 counted a gradient labelled 95.
+  trace[95, 0] += 1
+  assert soak.row_errors(trace, 100, 3, in_flight=False) == [
+      (95, 4, 3), (98, 2, 3)]
+
+
+def test_row_check_reports_an_update_applied_twice():
+  trace = _trace(100, 3)
+  trace[99] += trace[99]  # Applied twice; the step moved on once more.
+  assert soak.row_errors(trace, 101, 3, in_flight=False) == [
+      (99, 6, 3), (100, 0, 3)]
+
+
+@pytest.mark.parametrize("applied,read_step,ok", [
+    (51, 50, True), (50, 51, True), (52, 50, False)],
+                         ids=["trace_ahead", "step_ahead", "two_ahead"])
+def test_snapshot_tolerates_only_the_update_in_flight(applied, read_step, ok):
+  errors = soak.row_errors(_trace(applied, 3), read_step, 3, in_flight=True)
+  assert (errors == []) == ok, errors
+  assert soak.row_errors(_trace(applied, 3), read_step, 3, in_flight=False)
+
+
+def test_restore_behind_the_last_checkpoint_is_found():
+  series = [(1.0, 10), (2.0, 25), (3.0, None), (4.0, 20), (5.0, 30),
+            (6.0, 12)]
+  checkpoints = [(0.5, 0), (1.5, 20), (5.5, 30)]
+  assert soak._restores(series, checkpoints) == [  # pylint: disable=protected-access
+      (4.0, 25, 20, 20), (6.0, 30, 12, 30)]
+
+
+def test_longest_gap_counts_unreadable_time_as_no_update():
+  series = [(0.0, 1), (1.0, 2), (2.0, None), (9.0, None), (10.0, 3),
+            (11.0, 4)]
+  assert soak._gaps(series, 0.0, 11.0) == (1.0, 10.0)  # pylint: disable=protected-access
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_short_soak_trains_through_random_kills_of_every_role(tmp_path):
+  out = tmp_path / "soak"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "soak"), "--seconds", "60",
+       "--kill-every", "4,10", "--down", "1,3", "--out", str(out),
+       # From the restart, not from the next update: a restarted chief or
+       # ps takes 20-40 s to start on a loaded 2-core machine, and the
+       # issue asks for at least 3 kills in 60 s.
+       "--no-settle"] + TOLERATE_TORN,
+      capture_output=True, text=True, timeout=840, check=False)
+  report = proc.stdout[-4000:] + proc.stderr[-2000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["violations"] == [], report
+  assert proc.returncode == 0, report
+  assert summary["kills_total"] >= 3, report
+  assert summary["final_step"] == summary["target"], report
+  assert summary["updates_applied"] > summary["kills_total"], report
+  assert summary["processes_left"] == [], report
+
+
+root_only = pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0,
+    reason="network namespaces and veth links need root")
+
+
+def _ip_names():
+  """Every network namespace and link name on this machine."""
+  namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+  links = subprocess.run(["ip", "-o", "link"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+  return namespaces + links
+
+
+@root_only
+def test_network_cut_makes_a_task_unreachable_and_close_removes_everything():
+  before = _ip_names()
+  network = soak.Network([("ps", 0), ("chief", 0)])
+  try:
+    address = network.addresses["ps0"].split(":")[0]
+    server = subprocess.Popen(
+        network.command("ps0", [sys.executable, "-c", (
+            "import socket, sys\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+            "socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('0.0.0.0', 7001)); s.listen(); s.settimeout(60)\n"
+            "print('up', flush=True)\n"
+            "while True:\n  c, _ = s.accept(); c.send(b'ok'); c.close()\n")]),
+        stdout=subprocess.PIPE, start_new_session=True)
+    try:
+      assert server.stdout.readline() == b"up\n"
+
+      def reach():
+        probe = subprocess.run(network.command("chief0", [
+            sys.executable, "-c",
+            "import socket; print(socket.create_connection((%r, 7001), "
+            "timeout=2).recv(2))" % address]), capture_output=True,
+                               text=True, timeout=30, check=False)
+        return "b'ok'" in probe.stdout
+
+      assert reach(), "chief0 cannot reach ps0 before any cut"
+      network.cut("ps0")
+      assert not reach(), "ps0 still reachable while its link is down"
+      network.mend("ps0")
+      support.wait_until(reach, timeout=20, what="ps0 reachable after mend",
+                         interval=0.5)
+    finally:
+      support.kill_group(server)
+  finally:
+    network.close()
+  after = _ip_names()
+  assert "sync-soak-%d" % os.getpid() not in after
+  assert "srb%d" % os.getpid() not in after
+  assert len(after.splitlines()) == len(before.splitlines()), after
+
+
+@pytest.mark.soak
+@root_only
+@pytest.mark.timeout(900)
+def test_short_soak_trains_through_network_cuts(tmp_path):
+  out = tmp_path / "soak"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "soak"), "--seconds", "45",
+       "--faults", "cut", "--kill-every", "3,8", "--cut-for", "2,8",
+       "--out", str(out)] + TOLERATE_TORN,
+      capture_output=True, text=True, timeout=840, check=False)
+  report = proc.stdout[-4000:] + proc.stderr[-2000:]
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["violations"] == [], report
+  assert summary["cuts_total"] >= 3, report
+  assert summary["final_step"] == summary["target"], report
+  assert "sync-soak-" not in _ip_names()
