@@ -42,9 +42,12 @@ TESTS = ROOT / "tests"
 # slowest); stale values only cost some wall time, as the thread cap below
 # is also checked while the suite runs.
 EXPECTED = {  # file: (seconds, threads)
+    "test_bad_input.py": (15, 810),
     "test_bench_tool.py": (60, 10),
     "test_cluster.py": (1, 270),
+    "test_confine.py": (60, 10),
     "test_deadline.py": (8, 730),
+    "test_drive_modes.py": (40, 700),
     "test_estimator.py": (20, 500),  # Skipped on 2.16+; processes on 2.15.
     "test_examples.py": (50, 10),
     "test_graph_parity.py": (5, 10),
@@ -57,14 +60,19 @@ EXPECTED = {  # file: (seconds, threads)
     "test_package.py": (15, 10),
     "test_parity.py": (55, 460),
     "test_reads.py": (15, 290),
+    "test_real_scripts.py": (150, 10),
     "test_recovery.py": (90, 10),
     "test_restart.py": (10, 1430),
     "test_shutdown.py": (35, 1860),
+    "test_soak.py": (150, 10),
     "test_sparse.py": (20, 3180),
+    "test_stall_diagnosis.py": (20, 740),
     "test_stats.py": (15, 370),
     "test_status_tool.py": (15, 1340),
     "test_supervisor.py": (8, 550),
     "test_tf_scenarios.py": (8, 1590),
+    "test_tf_slim.py": (40, 1600),
+    "test_tfjob.py": (5, 10),
     "test_two_optimizers.py": (3, 290),
     "test_validation.py": (3, 10),
 }
