@@ -25,6 +25,8 @@ import pytest
 import tensorflow as tf
 
 import support
+import sync_replicas
+import sync_replicas.legacy
 from sync_replicas import _packing
 
 SNAPSHOTS = pathlib.Path(__file__).resolve().parent / "snapshots"
@@ -89,11 +91,17 @@ CASES = {
         one_gradient_per_worker=True, worker_index=1,
         min_replicas_to_aggregate=1, aggregation_deadline_secs=2.0,
         name="all")),
+    # sync_replicas.legacy.SyncReplicasOptimizer (TF 0.11's queues).
+    "legacy": (dict(legacy=True), {}),
+    "legacy_averages_int32": (dict(legacy=True, averages=True,
+                                   int32_step=True), {}),
+    "legacy_multi_batch_dense": (dict(legacy=True, replicas=3, total=2,
+                                      sparse=False), {}),
 }
 
 
 def _build(*, ps_tasks=2, sparse=True, averages=False, int32_step=False,
-           replicas=2, total=3, **options):
+           replicas=2, total=3, legacy=False, **options):
   """Small, large, unused and sparse variables; returns the graph's ops."""
   g = tf.Graph()
   setter = (tf.compat.v1.train.replica_device_setter(
@@ -120,14 +128,19 @@ def _build(*, ps_tasks=2, sparse=True, averages=False, int32_step=False,
       options.update(
           variable_averages=tf.train.ExponentialMovingAverage(0.9),
           variables_to_average=small[:2])
-    opt = support.OURS(tf.compat.v1.train.AdamOptimizer(0.1),
-                       replicas_to_aggregate=replicas,
-                       total_num_replicas=total, **options)
+    if legacy:
+      options.update(replica_id=1)
+    opt = (sync_replicas.legacy.SyncReplicasOptimizer if legacy
+           else support.OURS)(tf.compat.v1.train.AdamOptimizer(0.1),
+                              replicas_to_aggregate=replicas,
+                              total_num_replicas=total, **options)
     grads = opt.compute_gradients(loss, var_list=var_list)
     opt.apply_gradients(grads, global_step=global_step)
     opt.get_chief_queue_runner()
     opt.get_init_tokens_op()
-  own = opt._name + "_status/"  # pylint: disable=protected-access
+    if legacy:
+      opt.get_clean_up_op()
+  own = opt.get_name() + "_status/"
   described = []
   for op in g.get_operations():
     if op.name.startswith(own):
