@@ -57,6 +57,23 @@ def one_gradient_per_worker(enabled, worker_index, *, replicas_to_aggregate,
         "stay blocked on their own token queues.")
 
 
+def int64_global_step(global_step):
+  """Raises unless ``one_gradient_per_worker`` gets an int64 global step.
+
+  A restarted chief rolls an int32 step back to its checkpoint, below the
+  steps workers already pushed at; they would skip every token until the
+  step caught up, and with no backups nobody would push. int64 steps carry
+  the restart generation (_restart), which keeps new tokens above every old
+  step.
+  """
+  if global_step.dtype.base_dtype != tf.int64:
+    raise ValueError(
+        "one_gradient_per_worker=True needs an int64 global step, got %s "
+        "of dtype %s. Use tf.compat.v1.train.get_or_create_global_step(), "
+        "which makes an int64 one." % (global_step.name,
+                                       global_step.dtype.base_dtype.name))
+
+
 def deadline(min_replicas, secs, *, replicas_to_aggregate, prompt_stop):
   """Checks min_replicas_to_aggregate and aggregation_deadline_secs."""
   if (min_replicas is None) != (secs is None):
@@ -83,6 +100,16 @@ def deadline(min_replicas, secs, *, replicas_to_aggregate, prompt_stop):
         "prompt_stop=False the chief runs stock's queue runner, which blocks "
         "in take_grad until replicas_to_aggregate gradients arrived and "
         "never applies the deadline.")
+
+
+def averages(variable_averages, variables_to_average):
+  """Raises unless both or neither of the averaging arguments are given."""
+  if (variable_averages is None) != (variables_to_average is None):
+    raise ValueError(
+        "variable_averages and variables_to_average go together: got "
+        "variable_averages=%r and variables_to_average=%r. Pass both (an "
+        "ExponentialMovingAverage and the list of variables it averages) or "
+        "neither." % (variable_averages, variables_to_average))
 
 
 def positive_int(name, value, fix):

@@ -26,6 +26,15 @@ def is_sparse_gradient(grad):
   return isinstance(grad, tf.IndexedSlices)
 
 
+def queue_runner_closer(queue_runner):
+  """QueueRunner's closer thread body: waits for a stop, runs the cancel op.
+
+  Private in every TensorFlow from 1.0 to 2.21 (``_close_on_stop(sess,
+  cancel_op, coord)``); the in-process sync loop reuses it unchanged.
+  """
+  return queue_runner._close_on_stop  # pylint: disable=protected-access
+
+
 def colocate_with_local_anchor(anchor):
   """Context that keeps a variable on the worker task holding ``anchor``.
 

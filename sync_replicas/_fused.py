@@ -24,6 +24,7 @@ import collections
 import tensorflow as tf
 
 from sync_replicas import _accumulators
+from sync_replicas import _compat
 from sync_replicas import _packing
 
 Group = collections.namedtuple("Group", ["device", "dtype", "pairs"])
@@ -31,7 +32,8 @@ Group = collections.namedtuple("Group", ["device", "dtype", "pairs"])
 
 def fusable(grad, var):
   """Dense gradients of fully shaped variables can share an accumulator."""
-  return isinstance(grad, tf.Tensor) and var.shape.is_fully_defined()
+  return (_compat.is_dense_gradient(grad)
+          and var.shape.is_fully_defined())
 
 
 def group_by_task(pairs):

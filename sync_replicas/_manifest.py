@@ -59,24 +59,7 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
     The manifest.
   """
   gs = global_step
-  entries = []
-  for entry in accumulators:
-    entries.append({
-        "variable": entry.name,
-        "shared_name": entry.shared_name,
-        "device": entry.device,
-        "dtype": entry.accumulator.dtype.name,
-        # The shape the accumulator was created with: sparse ones learn the
-        # row shape from their first gradient and are created with ().
-        "shape": [] if entry.sparse else _shape(entry.shape),
-        "sparse": entry.sparse,
-        # A reader that creates the accumulator must create the job's kind:
-        # TensorFlow does not check, and the job would reduce the reader's way.
-        "reduction_type": _accumulators.reduction_type(entry),
-        # Lets a reader check that the ps holds the job's variable before it
-        # opens the accumulator, which would create one if missing.
-        "variable_resource": _is_resource(entry),
-    })
+  entries = [_entry(entry) for entry in accumulators]
   return {
       "format": FORMAT,
       "replicas_to_aggregate": replicas_to_aggregate,
@@ -94,6 +77,26 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
       "local_step": (None if local_step is None
                      else dict(_diagnose.local_step_spec(local_step)._asdict())),
       "generations_queue": generations_shared_name,
+  }
+
+
+def _entry(entry):
+  """The manifest entry of one accumulator."""
+  return {
+      "variable": entry.name,
+      "shared_name": entry.shared_name,
+      "device": entry.device,
+      "dtype": entry.accumulator.dtype.name,
+      # The shape the accumulator was created with: sparse ones learn the
+      # row shape from their first gradient and are created with ().
+      "shape": [] if entry.sparse else _shape(entry.shape),
+      "sparse": entry.sparse,
+      # A reader that creates the accumulator must create the job's kind:
+      # TensorFlow does not check, and the job would reduce the reader's way.
+      "reduction_type": _accumulators.reduction_type(entry),
+      # Lets a reader check that the ps holds the job's variable before it
+      # opens the accumulator, which would create one if missing.
+      "variable_resource": _is_resource(entry),
   }
 
 

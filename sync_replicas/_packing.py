@@ -25,6 +25,8 @@ import contextlib
 
 import tensorflow as tf
 
+from sync_replicas import _compat
+
 #: Gradients with more elements than this travel on their own. Per-tensor
 #: overhead here is about 80 us, which is what ~128 KiB cost on loopback, so
 #: above that packing saves little and its extra copy starts to cost.
@@ -55,7 +57,7 @@ def group_by(items, key):
 def _pack_key(pair):
   grad, var = pair
   # A variable without a device gives no task to pack for (local runs).
-  if (grad is not None and var.device and isinstance(grad, tf.Tensor)
+  if (grad is not None and var.device and _compat.is_dense_gradient(grad)
       and small(grad)):
     return var.device, grad.dtype
   return None

@@ -41,7 +41,6 @@ cadence what the update waits for, and with a stall timeout it stops the
 coordinator with ``SyncStallError``.
 """
 
-import collections
 import logging
 import threading
 import time
@@ -63,11 +62,93 @@ CLOSE_QUEUE_TIMEOUT_MS = 5000
 #: closed without a stop request, in seconds.
 SESSION_CHECK_SECS = 0.5
 
-# num_required: the tensor every take waits for (a placeholder with default
-# replicas_to_aggregate); min_replicas: the fewest gradients an update after
-# the deadline applies; secs: the deadline, counted from the last update.
-Deadline = collections.namedtuple("Deadline",
-                                  ["num_required", "min_replicas", "secs"])
+
+class BlockingLoop:
+  """Stock's loop: run the sync op, whose takes block until enough arrived.
+
+  Against a remote master the op simply runs again and again (closing the
+  runner's own session cancels a blocked take); in process it runs only once
+  every accumulator is ready (``StatusOps.ready``), polled.
+  """
+
+  #: The chief's threads end without a coordinator too (stock's threads).
+  needs_coordinator = False
+  #: Every update waits for replicas_to_aggregate: none is counted early.
+  by_deadline = None
+
+  def run_remote(self, runner, sess, coord):
+    run_sync = sess.make_callable(runner.sync_op)
+    while not coord.should_stop():
+      run_sync()
+
+  def run_local(self, runner, sess, coord):
+    is_ready = sess.make_callable(runner.status.ready)
+    run_sync = sess.make_callable(runner.sync_op)
+    while not coord.should_stop():
+      if is_ready():
+        run_sync()
+      else:
+        coord.wait_for_stop(LOCAL_POLL_SECS)
+
+
+class DeadlineLoop:
+  """The loop with an aggregation deadline (see the module doc).
+
+  Polls the accumulators' counts instead of blocking in ``take_grad``, the
+  same way against a remote master and in process. Errors propagate to the
+  caller, which reports them unless stopping.
+
+  Args:
+    num_required: The tensor every take waits for (a placeholder with
+      default ``replicas_to_aggregate``).
+    min_replicas: The fewest gradients an update after the deadline applies.
+    secs: The deadline, counted from the last update.
+  """
+
+  #: Only a coordinator ends the polling loop.
+  needs_coordinator = True
+
+  def __init__(self, num_required, min_replicas, secs, *,
+               replicas_to_aggregate):
+    self.num_required = num_required
+    self.min_replicas = min_replicas
+    self.secs = secs
+    self._full = replicas_to_aggregate
+
+  def by_deadline(self):
+    """A bool tensor: the deadline released this update (fewer were fed)."""
+    return tf.less(self.num_required, self._full)
+
+  def run_remote(self, runner, sess, coord):
+    self._poll(runner, sess, coord)
+
+  def run_local(self, runner, sess, coord):
+    self._poll(runner, sess, coord)
+
+  def _poll(self, runner, sess, coord):
+    full = runner.replicas_to_aggregate
+    read = sess.make_callable([runner.global_step] +
+                              list(runner.status.num_accumulated))
+    run_sync = sess.make_callable(runner.sync_op,
+                                  feed_list=[self.num_required])
+    last_update = runner.clock()
+    while not coord.should_stop():
+      step, *counts = read()
+      have = min(counts)
+      waited = runner.clock() - last_update
+      if have >= full:
+        run_sync(full)
+      elif have >= self.min_replicas and waited >= self.secs:
+        _LOG.info(
+            "sync_replicas: no full update for %.2f s "
+            "(aggregation_deadline_secs=%s): update to step %d goes ahead "
+            "with %d of replicas_to_aggregate=%d gradients", waited,
+            self.secs, int(step) + 1, have, full)
+        run_sync(have)
+      else:
+        coord.wait_for_stop(LOCAL_POLL_SECS)
+        continue
+      last_update = runner.clock()
 
 
 class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
@@ -81,25 +162,26 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   def __init__(self, token_queue, sync_op, *, status, global_step,
                replicas_to_aggregate, local_step=None, prompt_stop=True,
                stall_log_secs=60.0,
-               stall_timeout_secs=None, extra_close_op=None, deadline=None,
+               stall_timeout_secs=None, extra_close_op=None, loop=None,
                clock=time.monotonic):
     with _compat.quiet_deprecations():
       super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
     self._extra_close_op = extra_close_op
-    self._deadline = deadline
-    self._sync_op = sync_op
-    self._status = status
-    self._global_step = global_step
+    # How the chief's thread runs the sync op: BlockingLoop or DeadlineLoop.
+    self._loop = loop if loop is not None else BlockingLoop()
+    self.sync_op = sync_op
+    self.status = status
+    self.global_step = global_step
+    self.clock = clock
     self._local_step = local_step
     self._local_steps = (
         None if local_step is None else
         _diagnose.LocalStepReader(_diagnose.local_step_spec(local_step)))
-    self._replicas_to_aggregate = replicas_to_aggregate
+    self.replicas_to_aggregate = replicas_to_aggregate
     self._prompt_stop = prompt_stop
     self._stall_log_secs = stall_log_secs
     self._stall_timeout_secs = stall_timeout_secs
-    self._clock = clock
     self._running = set()  # Sessions with live threads, as stock tracks.
     self._guard = threading.Lock()
 
@@ -120,13 +202,13 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       ValueError: Without a coordinator, when an aggregation deadline is set:
         its polling loop needs one to end.
     """
-    if coord is None and self._deadline is not None:
+    if coord is None and self._loop.needs_coordinator:
       raise ValueError(
           "The chief queue runner of an optimizer with "
           "aggregation_deadline_secs=%s needs a coordinator, got coord=None. "
           "Pass coord=tf.compat.v1.train.Coordinator() to create_threads "
           "(the hook, Supervisor and MonitoredTrainingSession do)."
-          % (self._deadline.secs,))
+          % (self._loop.secs,))
     if not self._prompt_stop or coord is None:
       threads = super().create_threads(sess, coord=coord)
     else:
@@ -154,7 +236,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       return [
           threading.Thread(target=self._run_local, args=(sess, coord),
                            name="SyncQueueRunner-%s" % self.name),
-          threading.Thread(target=self._close_on_stop,
+          threading.Thread(target=_compat.queue_runner_closer(self),
                            args=(sess, self._close_ops(), coord),
                            name="SyncQueueRunnerStop-%s" % self.name)]
     runner_sess = tf.compat.v1.Session(
@@ -186,12 +268,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
 
   def _run_remote(self, sess, runner_sess, coord):
     try:
-      if self._deadline is not None:
-        self._poll_with_deadline(runner_sess, coord)
-        return
-      run_sync = runner_sess.make_callable(self._sync_op)
-      while not self._stopping(coord):
-        run_sync()
+      self._loop.run_remote(self, runner_sess, coord)
     except Exception as e:  # pylint: disable=broad-except
       # Closing our session on stop cancels the op: expected, not an error.
       if not self._stopping(coord):
@@ -232,76 +309,37 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
 
   def _run_local(self, sess, coord):
     try:
-      if self._deadline is not None:
-        self._poll_with_deadline(sess, coord)
-        return
-      is_ready = sess.make_callable(self._status.ready)
-      run_sync = sess.make_callable(self._sync_op)
-      while not self._stopping(coord):
-        if is_ready():
-          run_sync()
-        else:
-          coord.wait_for_stop(LOCAL_POLL_SECS)
+      self._loop.run_local(self, sess, coord)
     except Exception as e:  # pylint: disable=broad-except
       if not self._stopping(coord):
         self._report(coord, e)
     finally:
       self._finish(sess)
 
-  def _poll_with_deadline(self, sess, coord):
-    """The sync loop with an aggregation deadline (see the module doc).
-
-    Errors propagate to the caller, which reports them unless stopping.
-    """
-    deadline = self._deadline
-    full = self._replicas_to_aggregate
-    read = sess.make_callable([self._global_step] +
-                              list(self._status.num_accumulated))
-    run_sync = sess.make_callable(self._sync_op,
-                                  feed_list=[deadline.num_required])
-    last_update = self._clock()
-    while not self._stopping(coord):
-      step, *counts = read()
-      have = min(counts)
-      waited = self._clock() - last_update
-      if have >= full:
-        run_sync(full)
-      elif have >= deadline.min_replicas and waited >= deadline.secs:
-        _LOG.info(
-            "sync_replicas: no full update for %.2f s "
-            "(aggregation_deadline_secs=%s): update to step %d goes ahead "
-            "with %d of replicas_to_aggregate=%d gradients", waited,
-            deadline.secs, int(step) + 1, have, full)
-        run_sync(have)
-      else:
-        coord.wait_for_stop(LOCAL_POLL_SECS)
-        continue
-      last_update = self._clock()
-
   def _watch(self, sess, coord):
     """Logs what a stalled update waits for; stops the job past a timeout."""
     period = min(x for x in (self._stall_log_secs, self._stall_timeout_secs)
                  if x)
-    last_step, since = None, self._clock()
+    last_step, since = None, self.clock()
     while not coord.wait_for_stop(period):
       try:
         step, counts, tokens, starts = sess.run(
-            [self._global_step, self._status.num_accumulated,
-             self._status.tokens, self._status.starts])
+            [self.global_step, self.status.num_accumulated,
+             self.status.tokens, self.status.starts])
       except Exception as e:  # pylint: disable=broad-except
         if not self._stopping(coord):
           _LOG.debug("status read failed: %s", e)
         return
-      now = self._clock()
+      now = self.clock()
       if step != last_step:
         last_step, since = step, now
         continue
       waited = now - since
       what = _diagnose.verdict(
-          names=self._status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=self._replicas_to_aggregate,
+          names=self.status.names, counts=counts, tokens=tokens,
+          replicas_to_aggregate=self.replicas_to_aggregate,
           global_step=int(step), starts=int(starts),
-          generations=self._global_step.dtype.base_dtype == tf.int64,
+          generations=self.global_step.dtype.base_dtype == tf.int64,
           local_steps=self._read_local_steps(sess))
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         try:
@@ -311,7 +349,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
               "restart the missing workers, add backups "
               "(total_num_replicas > replicas_to_aggregate), or raise "
               "stall_timeout_secs." % (waited, self._stall_timeout_secs, what,
-                                       self._replicas_to_aggregate))
+                                       self.replicas_to_aggregate))
         except errors.SyncStallError as e:
           self._report(coord, e)
         return

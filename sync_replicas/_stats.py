@@ -28,10 +28,12 @@ microseconds of graph execution): the count is a lower bound that is exact
 whenever no push races the chief's apply, as in every scripted scenario.
 """
 
+import collections
 import contextlib
 
 import tensorflow as tf
 
+from sync_replicas import _compat
 from sync_replicas import _restart
 
 # The TensorFlow logger's child: the lines obey tf.get_logger()'s level and
@@ -51,6 +53,13 @@ CHIEF_SCALARS = ("updates_applied", "gradients_per_update", "staleness_mean",
 
 _FLOAT = ("token_wait_secs", "token_wait_secs_last")
 
+# What a worker's push left for its token's bookkeeping, passed from
+# ``after_pushes`` to ``after_token``. ops: what the dequeue must follow;
+# stale_count: 1 if the push was certainly stale; staleness: by how many
+# steps; at: when the pushes landed.
+Pushed = collections.namedtuple("Pushed",
+                                ["ops", "stale_count", "staleness", "at"])
+
 
 def _variable(name, dtype, collections_):
   return tf.compat.v1.Variable(
@@ -63,9 +72,10 @@ class Statistics:
 
   Call order (it follows the train op's data flow): ``__init__`` before the
   accumulators, ``order_gradient`` on each gradient before its push is
-  built, ``after_pushes`` before the token dequeue, ``after_token`` before
-  the train op's assign, ``count_update`` on the chief's sync op, and
-  ``finish`` last.
+  built, ``after_pushes`` before the token dequeue, ``after_token`` (given
+  what ``after_pushes`` returned) before the train op's assign,
+  ``count_update`` on the chief's sync op, and ``finish`` last.
+  ``NoStatistics`` has the same methods and builds nothing.
   """
 
   def __init__(self, *, scope, tag_prefix, global_step, local_step,
@@ -90,9 +100,6 @@ class Statistics:
     self._generations = generations
     self._ps_device = global_step.device
     self._worker_device = local_anchor.device
-    self._t_pushed = None
-    self._stale_count = None
-    self._staleness = None
     self.tensors = {}
     with tf.compat.v1.name_scope(scope):
       with colocate(local_anchor), tf.compat.v1.name_scope("worker"):
@@ -123,16 +130,21 @@ class Statistics:
   def order_gradient(self, grad):
     """``grad`` made to wait for the pre-push reads (same kind and values)."""
     deps = [self._local_before, self._global_encoded, self._global_before]
-    device = grad.values.device if isinstance(grad, tf.IndexedSlices) else (
-        grad.device)
+    sparse = _compat.is_sparse_gradient(grad)
+    device = grad.values.device if sparse else grad.device
     with self._under_scope(device), tf.control_dependencies(deps):
-      if isinstance(grad, tf.IndexedSlices):
+      if sparse:
         return tf.IndexedSlices(tf.identity(grad.values, name="ordered_grad"),
                                 grad.indices, grad.dense_shape)
       return tf.identity(grad, name="ordered_grad")
 
   def after_pushes(self, pushes):
-    """Counts this step's push; returns ops the token dequeue must follow."""
+    """Counts this step's push.
+
+    Returns:
+      A ``Pushed``: ``ops`` the token dequeue must follow, and what
+      ``after_token`` needs.
+    """
     with self._under_scope(self._worker_device), \
         tf.control_dependencies(pushes):
       stale = self._global_encoded > self._local_before
@@ -147,7 +159,6 @@ class Statistics:
           stale, tf.maximum(self._global_before - plain_local, 1),
           tf.zeros([], tf.int64))
       w = self._worker
-      self._stale_count, self._staleness = stale_count, staleness
       counted = tf.group(
           w["gradients_pushed"].assign_add(1),
           w["gradients_dropped_stale"].assign_add(stale_count),
@@ -155,16 +166,21 @@ class Statistics:
                                                staleness)),
           name="count_push")
       with tf.control_dependencies([counted]):
-        self._t_pushed = tf.timestamp(name="pushed_at")
-    return [counted, self._t_pushed]
+        pushed_at = tf.timestamp(name="pushed_at")
+    return Pushed([counted, pushed_at], stale_count, staleness, pushed_at)
 
-  def after_token(self, token):
-    """Counts the token and the wait; returns the op the train op follows."""
+  def after_token(self, token, pushed):
+    """Counts the token and the wait; returns ops the train op follows.
+
+    Args:
+      token: The token dequeued.
+      pushed: What ``after_pushes`` returned.
+    """
     with self._under_scope(self._worker_device), \
         tf.control_dependencies([token]):
-      wait = tf.timestamp(name="token_at") - self._t_pushed
+      wait = tf.timestamp(name="token_at") - pushed.at
       w, c = self._worker, self._cluster
-      return tf.group(
+      return [tf.group(
           w["tokens_taken"].assign_add(1),
           w["token_wait_secs"].assign_add(wait),
           w["token_wait_secs_last"].assign(wait),
@@ -172,23 +188,26 @@ class Statistics:
           # only after the chief's init op initialized these counters, and a
           # non-chief may push before that.
           c["gradients_pushed"].assign_add(1),
-          c["gradients_dropped_stale"].assign_add(self._stale_count),
-          c["staleness_sum"].assign_add(self._staleness),
+          c["gradients_dropped_stale"].assign_add(pushed.stale_count),
+          c["staleness_sum"].assign_add(pushed.staleness),
           c["tokens_taken"].assign_add(1),
           c["token_wait_secs"].assign_add(wait),
-          name="count_token")
+          name="count_token")]
 
   def count_update(self, sync_op, by_deadline=None):
     """The chief's sync op, followed by counting the update it applied.
 
     Args:
       sync_op: The chief's sync op.
-      by_deadline: With a deadline, a bool tensor: the deadline released
-        this update (its takes needed fewer than replicas_to_aggregate).
-        They average every fresh gradient present when they run, so a
-        gradient that arrived after the chief's decision still counts:
-        ``gradients_per_update`` has the exact average.
+      by_deadline: With a deadline, a function building (in the caller's
+        name scope) a bool tensor: the deadline released this update (its
+        takes needed fewer than replicas_to_aggregate). They average every
+        fresh gradient present when they run, so a gradient that arrived
+        after the chief's decision still counts: ``gradients_per_update``
+        has the exact average.
     """
+    if by_deadline is not None:
+      by_deadline = by_deadline()
     with self._under_scope(self._ps_device):
       counts = []
       with tf.control_dependencies([sync_op]):
@@ -198,18 +217,22 @@ class Statistics:
               tf.cast(by_deadline, tf.int64)))
         return tf.group(*counts, name="count_update")
 
-  def worker_init_op(self):
+  def worker_init_ops(self):
     """Zeroes this worker's counters (also in ``LOCAL_VARIABLES``)."""
     with self._under_scope(None):
-      return tf.group(*[v.initializer for v in self._worker.values()],
-                      name="init_worker_counters")
+      return [tf.group(*[v.initializer for v in self._worker.values()],
+                       name="init_worker_counters")]
 
-  def init_op(self):
+  def init_ops(self):
     """Initializes the cluster counters unless they exist (chief restarts).
 
     Part of ``chief_init_op`` and of the init-tokens op: a script may run
-    either alone. Idempotent, so running both is harmless.
+    either alone. Idempotent, so running both is harmless. Returns a list of
+    one op.
     """
+    return [self._init_op()]
+
+  def _init_op(self):
     ops = []
     with self._under_scope(self._ps_device), tf.compat.v1.name_scope("init"):
       for var in self._cluster.values():
@@ -265,6 +288,41 @@ class Statistics:
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SUMMARIES,
                                        summary)
     self.tensors = tensors
+
+
+class NoStatistics:
+  """``statistics=False``: the methods of ``Statistics``, building nothing."""
+
+  tensors = {}
+
+  def order_gradient(self, grad):
+    return grad
+
+  def after_pushes(self, pushes):
+    del pushes
+    return Pushed([], None, None, None)
+
+  def after_token(self, token, pushed):
+    del token, pushed
+    return []
+
+  def count_update(self, sync_op, by_deadline=None):
+    del by_deadline
+    return sync_op
+
+  def worker_init_ops(self):
+    return []
+
+  def init_ops(self):
+    return []
+
+  def finish(self, status):
+    del status
+
+
+def build(enabled, **kwargs):
+  """``Statistics(**kwargs)`` if ``enabled``, else a ``NoStatistics``."""
+  return Statistics(**kwargs) if enabled else NoStatistics()
 
 
 @contextlib.contextmanager

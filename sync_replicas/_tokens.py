@@ -2,7 +2,9 @@
 
 Owns the ``sync_token_q`` FIFOQueue on the global step's device, the chief's
 per-update enqueue of ``tokens_per_step`` copies of the new global step, the
-worker's dequeue, and the one-off init-tokens op.
+worker's dequeue, and the one-off init-tokens op; and the two token policies
+(``SharedTokens``, stock's; ``PerWorkerTokens``, ``one_gradient_per_worker``)
+that own all of these for a built optimizer.
 """
 
 import tensorflow as tf
@@ -107,3 +109,159 @@ def newer_token(queue, first, pushed_at):
       (first,), back_prop=False, return_same_structure=True,
       name="skip_old_tokens")
   return token
+
+
+class SharedTokens:
+  """Stock's token policy: every worker takes from one ``sync_token_q``.
+
+  Owns the queues' creation, a worker's take, the chief's release after
+  each update, the initial fill, the drains of a restarted chief and the
+  close on stop. ``PerWorkerTokens`` is the other policy.
+
+  Made with the optimizer (``check_num_tokens`` works before the build);
+  ``create`` builds the queues and must come before the other methods.
+
+  Args:
+    shared_prefix: What the queues' shared names start with
+      (``shared_prefix(name)``).
+    tokens_per_step: Tokens released after each update.
+  """
+
+  def __init__(self, *, shared_prefix, tokens_per_step):
+    self._prefix = shared_prefix
+    self._scope = None
+    self._tokens_per_step = tokens_per_step
+    self.shared_name = shared_prefix + TOKEN_QUEUE_NAME
+    self.token_queue = None
+
+  @property
+  def queues(self):
+    """Every token queue: what the status ops count and a restart drains."""
+    return [self.token_queue]
+
+  @property
+  def worker_queues(self):
+    """The workers' own queues (none with this policy)."""
+    return []
+
+  def create(self, global_step, *, scope):
+    """Creates ``sync_token_q`` (stock's name) on the global step's device.
+
+    ``scope`` is our own name scope (``<name>_status/``), for our queues.
+    """
+    self._scope = scope
+    with tf.compat.v1.device(global_step.device), \
+        tf.compat.v1.name_scope(""):
+      self.token_queue = create_queue(global_step.dtype.base_dtype,
+                                      shared_name=self.shared_name)
+
+  def take(self, after, local_step):
+    """The worker's token, dequeued once every op of ``after`` ran.
+
+    Call under the global step's device, in the root name scope.
+    """
+    del local_step  # Any token will do.
+    with tf.control_dependencies(after):
+      return self.token_queue.dequeue()
+
+  def release(self, global_step, *, encode):
+    """The chief's enqueue of one update's tokens (stock's op names)."""
+    return fill_op(self.token_queue, global_step, self._tokens_per_step,
+                   encode=encode)
+
+  def check_num_tokens(self, num_tokens):
+    """Raises if this policy cannot give ``num_tokens`` initial tokens."""
+    del num_tokens  # _checks.init_tokens checks the count itself.
+
+  def initial_fill(self, global_step, count, *, encode, after):
+    """The init-tokens op: ``count`` tokens, or None for no tokens.
+
+    ``after`` builds (there, in the root scope) the ops the fill follows.
+    """
+    if count <= 0:
+      return None
+    with tf.compat.v1.device(global_step.device), \
+        tf.compat.v1.name_scope(""), tf.control_dependencies(after()):
+      return fill_op(self.token_queue, global_step, count, encode=encode)
+
+  def close_op(self):
+    """What the chief's runner closes besides ``sync_token_q``: nothing."""
+    return None
+
+
+class PerWorkerTokens(SharedTokens):
+  """``one_gradient_per_worker``: each worker takes from a queue of its own.
+
+  ``sync_token_q`` is still created (stock's name, the runner's queue); the
+  workers' queues live in our own scope, get one token per update, and a
+  worker skips tokens no newer than the step it pushed at (``newer_token``).
+  """
+
+  def __init__(self, *, worker_index, total_num_replicas, **kwargs):
+    super().__init__(**kwargs)
+    self._worker_index = worker_index
+    self._count = total_num_replicas
+    self._worker_queues = []
+
+  @property
+  def queues(self):
+    return [self.token_queue] + self._worker_queues
+
+  @property
+  def worker_queues(self):
+    return list(self._worker_queues)
+
+  def create(self, global_step, *, scope):
+    super().create(global_step, scope=scope)
+    with tf.compat.v1.device(global_step.device), \
+        tf.compat.v1.name_scope(self._scope):
+      self._worker_queues = create_worker_queues(
+          global_step.dtype.base_dtype, self._count,
+          shared_prefix=self._prefix)
+
+  def take(self, after, local_step):
+    own = self._worker_queues[self._worker_index]
+    with tf.control_dependencies(after):
+      token = own.dequeue()
+      with tf.compat.v1.name_scope(self._scope):
+        return newer_token(own, token, tf.identity(local_step))
+
+  def release(self, global_step, *, encode):
+    with tf.compat.v1.name_scope(self._scope):
+      return fill_each_op(self._worker_queues, global_step, encode=encode)
+
+  def check_num_tokens(self, num_tokens):
+    if num_tokens != -1:
+      raise ValueError(
+          "With one_gradient_per_worker=True the chief gives every worker "
+          "exactly one initial token (more would let a worker push twice at "
+          "the first step); got num_tokens=%r. Pass -1 (the default)."
+          % (num_tokens,))
+
+  def initial_fill(self, global_step, count, *, encode, after):
+    # One token of the current step per worker. A worker that starts now
+    # pushes at that step without a token and then skips this one
+    # (newer_token); one still holding an older step (its chief restarted)
+    # needs it to push again, or nobody would.
+    del count, after
+    with tf.compat.v1.device(global_step.device), \
+        tf.compat.v1.name_scope(self._scope):
+      return fill_each_op(self._worker_queues, global_step, encode=encode)
+
+  def close_op(self):
+    with tf.compat.v1.name_scope(self._scope):
+      return tf.group(
+          *[q.close(cancel_pending_enqueues=True)
+            for q in self._worker_queues],
+          name="close_worker_token_queues")
+
+
+def policy(options, *, shared_prefix):
+  """The token policy ``options`` (an ``_options.Options``) ask for."""
+  common = dict(shared_prefix=shared_prefix,
+                tokens_per_step=options.tokens_per_step)
+  if options.one_gradient_per_worker:
+    return PerWorkerTokens(worker_index=options.worker_index,
+                           total_num_replicas=options.total_num_replicas,
+                           **common)
+  return SharedTokens(**common)

@@ -1,16 +1,75 @@
-"""What every sync optimizer delegates to the optimizer it wraps.
+"""What every sync optimizer shares: delegation, replica counts, guards.
 
 Owns ``compute_gradients``, ``get_slot``, ``get_slot_names`` and
 ``variables``: both the accumulator-based and the legacy queue-based
 optimizer answer them with the wrapped optimizer's (held in ``_opt``, the
-attribute name stock uses and TensorFlow's own tests read).
+attribute name stock uses and TensorFlow's own tests read). Also owns what
+both keep alike: the replica counts and tokens per step, and the guards that
+raise ``NotBuiltError`` before ``apply_gradients``.
 """
 
 import tensorflow as tf
 
+from sync_replicas import _tokens
+from sync_replicas import errors
+
 
 class WrappedOptimizer(tf.compat.v1.train.Optimizer):
-  """A ``tf.compat.v1.train.Optimizer`` that forwards to ``self._opt``."""
+  """A ``tf.compat.v1.train.Optimizer`` that forwards to ``self._opt``.
+
+  Subclasses define ``is_built``, call ``_set_replica_counts`` in their
+  constructor and name themselves in ``_BUILT_NAME`` for the guards' errors.
+  """
+
+  _BUILT_NAME = "SyncReplicasOptimizer"
+
+  def _set_replica_counts(self, replicas_to_aggregate, total_num_replicas):
+    self._replicas_to_aggregate = replicas_to_aggregate
+    self._total_num_replicas = total_num_replicas
+    self._tokens_per_step = _tokens.tokens_per_step(replicas_to_aggregate,
+                                                    total_num_replicas)
+
+  @property
+  def replicas_to_aggregate(self):
+    """Gradients each update aggregates."""
+    return self._replicas_to_aggregate
+
+  @property
+  def total_num_replicas(self):
+    """Workers in the job."""
+    return self._total_num_replicas
+
+  @property
+  def tokens_per_step(self):
+    """Tokens the chief enqueues after each update."""
+    return self._tokens_per_step
+
+  def _built(self, what, value=None):
+    """``value``, or ``NotBuiltError`` naming ``what`` before the build."""
+    if not self.is_built:
+      raise errors.NotBuiltError(
+          "%s.%s is only available after apply_gradients() (or minimize()) "
+          "has been called on this optimizer." % (self._BUILT_NAME, what))
+    return value
+
+  def _require_built(self, message):
+    """Raises ``NotBuiltError(message)`` (stock's words) before the build."""
+    if not self.is_built:
+      raise errors.NotBuiltError(message)
+
+  def get_chief_queue_runner(self):
+    """Returns the QueueRunner for the chief to execute.
+
+    It aggregates gradients, applies them, increments the global step and
+    releases the next tokens, in a loop.
+
+    Raises:
+      ValueError: If this is called before apply_gradients().
+    """
+    self._require_built(
+        "Should be called after apply_gradients(). Build the train op with "
+        "minimize() or apply_gradients() first.")
+    return self._chief_queue_runner
 
   def compute_gradients(self, *args, **kwargs):
     """Compute gradients of "loss" for the variables in "var_list".

@@ -69,9 +69,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self._q_runner = None
       self._init_tokens_op = None
     self._stats_logger = None
-    if opt.statistics and opt.statistics_log_steps:
+    options = opt.options
+    if options.statistics and options.statistics_log_steps:
       self._stats_logger = _stats.StatsLogger(
-          opt.statistics_tensors, every_runs=opt.statistics_log_steps,
+          opt.statistics_tensors, every_runs=options.statistics_log_steps,
           is_chief=self._is_chief)
 
   def after_create_session(self, session, coord):

@@ -66,8 +66,8 @@ import tensorflow as tf
 
 from sync_replicas import _checks
 from sync_replicas import _compat
+from sync_replicas import _tokens
 from sync_replicas import _wrapped
-from sync_replicas import errors
 from sync_replicas import optimizer as optimizer_lib
 
 _LOG = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ SyncReplicasOptimizerV2 = optimizer_lib.SyncReplicasOptimizer
 ABORT_MESSAGE = "From sync_replicas"
 #: Stock's shared names for the token queue and for the queue its chief
 #: QueueRunner is attached to.
-TOKEN_QUEUE_NAME = "sync_token_q"
+TOKEN_QUEUE_NAME = _tokens.TOKEN_QUEUE_NAME
 DUMMY_QUEUE_NAME = "dummy_queue"
 
 # One package, one wording of the shared argument checks.
@@ -137,6 +137,146 @@ def _fill_tokens(token_queue, global_step, count):
   return token_queue.enqueue_many((tf.fill([count], step),))
 
 
+def _check_arguments(opt, replicas_to_aggregate, total_num_replicas,
+                     replica_id, variable_averages, variables_to_average):
+  """The constructor's checks; returns the replica counts and the id."""
+  replicas_to_aggregate = _check_positive_int(
+      "replicas_to_aggregate", replicas_to_aggregate,
+      "Pass how many gradients each update sums, e.g. the number of "
+      "workers.")
+  total_num_replicas = _check_total_num_replicas(total_num_replicas,
+                                                 replicas_to_aggregate)
+  replica_id = _check_replica_id(replica_id, total_num_replicas)
+  _check_opt(opt)
+  _checks.averages(variable_averages, variables_to_average)
+  return replicas_to_aggregate, total_num_replicas, replica_id
+
+
+def _check_queue_shapes(grads_and_vars):
+  """Raises unless every gradient's (row) shape fits a queue element."""
+  for grad, var in grads_and_vars:
+    if grad is None:
+      continue
+    name = getattr(var, "name", var)
+    shape = var.get_shape()
+    if _compat.is_sparse_gradient(grad):
+      if shape.ndims in (None, 0):
+        raise ValueError(
+            "A sparse gradient needs a variable of rank >= 1 (its rows are "
+            "queued), got %s of shape %s. Pass a dense gradient for it "
+            "instead (tf.convert_to_tensor(grad))." % (name, shape))
+      shape = shape[1:]
+    # Queue elements have fixed shapes, so dequeue_many can batch them.
+    if not shape.is_fully_defined():
+      raise ValueError(
+          "Variable %s has shape %s; the gradient queues need a fully "
+          "defined (row) shape, got %s. Create the variable with a static "
+          "shape." % (name, var.get_shape(), shape))
+
+
+def _queue_sparse_grad(grad, var, pushes, num_fresh, *, replicas_to_aggregate,
+                       one_element_queues, sparse_queues):
+  """Queues one replica's rows; returns the chief's summed rows.
+
+  Sparse gradients are queued as (value row, index) pairs rather than whole
+  IndexedSlices, as their row counts differ from push to push.
+
+  Args:
+    grad: The ``tf.IndexedSlices`` gradient of ``var``.
+    var: The variable it belongs to.
+    pushes: The worker's push ops; the token enqueue is appended.
+    num_fresh: 1 if this replica's gradients are fresh, 0 if stale.
+    replicas_to_aggregate: Pushes each update sums.
+    one_element_queues: ``(queue, device)`` list; gets the token queue.
+    sparse_queues: ``(queue, device)`` list; gets the rows' queue.
+
+  Returns:
+    The aggregated ``tf.IndexedSlices``: unique indices, summed rows.
+  """
+  sparse_grad_queue = tf.queue.FIFOQueue(
+      -1, (grad.values.dtype, grad.indices.dtype),
+      shapes=(var.get_shape()[1:], ()),
+      shared_name="sparse_grad_q_%s" % var.name)
+  sparse_queues.append((sparse_grad_queue, var.device))
+
+  # The token goes in only after the rows did, so the chief, once it has
+  # replicas_to_aggregate tokens, knows that many pushes are complete.
+  sparse_token_queue = tf.queue.FIFOQueue(
+      replicas_to_aggregate * 2, tf.int32, shapes=(),
+      shared_name="sparse_token_q_%s" % var.name)
+  one_element_queues.append((sparse_token_queue, var.device))
+
+  rows = num_fresh * tf.shape(grad.indices)[0]  # All rows, or none.
+  enqueue_sparse_op = sparse_grad_queue.enqueue_many(
+      [grad.values[:rows], grad.indices[:rows]])
+  with tf.control_dependencies([enqueue_sparse_op]):
+    pushes.append(sparse_token_queue.enqueue_many(
+        [tf.ones([num_fresh], tf.int32)]))
+
+  with tf.control_dependencies(
+      [sparse_token_queue.dequeue_many(replicas_to_aggregate)]):
+    # Every row queued by now: the tokens' pushes and any later ones.
+    values, indices = sparse_grad_queue.dequeue_many(
+        sparse_grad_queue.size())
+    # One row per index, so that the wrapped optimizer updates each row
+    # once: apply(g1 + g2) differs from apply(g1); apply(g2) for Momentum,
+    # Adagrad and the like.
+    new_indices, position = tf.unique(indices)
+    num_indices = tf.shape(new_indices)[0]
+    sum_values = tf.math.unsorted_segment_sum(values, position, num_indices)
+    return tf.IndexedSlices(sum_values, new_indices, grad.dense_shape)
+
+
+def _token_queues(global_step):
+  """``sync_token_q`` and the chief QueueRunner's placeholder queue."""
+  with tf.compat.v1.device(global_step.device), \
+      tf.compat.v1.name_scope(""):
+    sync_token_queue = tf.queue.FIFOQueue(
+        -1, global_step.dtype.base_dtype, shapes=(), name=TOKEN_QUEUE_NAME,
+        shared_name=TOKEN_QUEUE_NAME)
+    # Stock 0.11 gave its QueueRunner this placeholder rather than a
+    # real queue: a QueueRunner closes its queue when the coordinator
+    # stops, and a closed queue on a ps stays closed for the next session.
+    dummy_queue = tf.queue.FIFOQueue(1, tf.int32, shapes=(),
+                                     name=DUMMY_QUEUE_NAME,
+                                     shared_name=DUMMY_QUEUE_NAME)
+  return sync_token_queue, dummy_queue
+
+
+def _clear_queues_after(update_op, one_element_queues, sparse_queues):
+  """Empties every queue once ``update_op`` ran; returns the ops."""
+  # Gradients still queued after an update are stale: replicas that were
+  # restarted and pushed twice, backups, sparse tokens beyond the count.
+  clear_queue_ops = []
+  with tf.control_dependencies([update_op]):
+    for queue, dev in one_element_queues:
+      with tf.compat.v1.device(dev):
+        clear_queue_ops.append(queue.dequeue_many(queue.size()))
+    for queue, dev in sparse_queues:
+      with tf.compat.v1.device(dev):
+        _, stale_indices = queue.dequeue_many(queue.size())
+        clear_queue_ops.append(stale_indices)
+  return clear_queue_ops
+
+
+def _local_step_check(global_step, total_num_replicas, replica_id):
+  """Builds ``local_steps``; returns it and 1 if this replica is fresh."""
+  with tf.compat.v1.device(global_step.device):
+    local_steps = tf.compat.v1.Variable(
+        tf.zeros([total_num_replicas],
+                 dtype=global_step.dtype.base_dtype),
+        trainable=False, name="local_steps")
+  local_step = tf.slice(local_steps.read_value(),
+                        tf.reshape(replica_id, (1,)), [1],
+                        name="get_local_step")
+  local_step = tf.reshape(local_step, ())
+  is_stale = tf.less(local_step, global_step)
+  # Stock's tf.cond between "push" and "skip", as an item count (see the
+  # module docstring): 1 pushes, 0 skips.
+  return local_steps, tf.cast(tf.logical_not(is_stale), tf.int32,
+                              name="num_fresh")
+
+
 class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
   """The TensorFlow 0.8 to 0.11 SyncReplicasOptimizer, built on queues.
 
@@ -160,6 +300,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       sv.start_queue_runners(sess, [chief_queue_runner])
       sess.run(init_tokens_op)
   """
+
+  _BUILT_NAME = "legacy.SyncReplicasOptimizer"
 
   def __init__(self,
                opt,
@@ -197,36 +339,24 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         a ``variable_averages``/``variables_to_average`` mismatch.
       TypeError: If ``opt`` is not a ``tf.compat.v1.train.Optimizer``.
     """
-    replicas_to_aggregate = _check_positive_int(
-        "replicas_to_aggregate", replicas_to_aggregate,
-        "Pass how many gradients each update sums, e.g. the number of "
-        "workers.")
-    total_num_replicas = _check_total_num_replicas(total_num_replicas,
-                                                   replicas_to_aggregate)
-    replica_id = _check_replica_id(replica_id, total_num_replicas)
-    _check_opt(opt)
-    if (variable_averages is None) != (variables_to_average is None):
-      raise ValueError(
-          "variable_averages and variables_to_average go together: got "
-          "variable_averages=%r and variables_to_average=%r. Pass both (an "
-          "ExponentialMovingAverage and the list of variables it averages) or "
-          "neither." % (variable_averages, variables_to_average))
-
+    replicas_to_aggregate, total_num_replicas, replica_id = _check_arguments(
+        opt, replicas_to_aggregate, total_num_replicas, replica_id,
+        variable_averages, variables_to_average)
     super().__init__(use_locking, name)
     _LOG.info(
         "SyncReplicas enabled: replicas_to_aggregate=%s; total_num_replicas=%s",
         replicas_to_aggregate, total_num_replicas)
     # Stock's attribute names, kept for code that reached into them.
     self._opt = opt
-    self._replicas_to_aggregate = replicas_to_aggregate
+    self._set_replica_counts(replicas_to_aggregate, total_num_replicas)
     self._gradients_applied = False
     self._variable_averages = variable_averages
     self._variables_to_average = variables_to_average
     self._replica_id = replica_id
-    self._total_num_replicas = total_num_replicas
-    # With backups every replica gets a token; with fewer replicas than
-    # gradients per update, enough for them to deliver all of them.
-    self._tokens_per_step = max(total_num_replicas, replicas_to_aggregate)
+    self._declare_build_state()
+
+  def _declare_build_state(self):
+    """What ``apply_gradients`` builds: nothing yet."""
     self._global_step = None
     self._local_steps = None
     self._sync_token_queue = None
@@ -253,19 +383,6 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     return self._replica_id
 
   @property
-  def replicas_to_aggregate(self):
-    return self._replicas_to_aggregate
-
-  @property
-  def total_num_replicas(self):
-    return self._total_num_replicas
-
-  @property
-  def tokens_per_step(self):
-    """Tokens the chief enqueues after each update."""
-    return self._tokens_per_step
-
-  @property
   def local_steps(self):
     """The shared ``local_steps`` vector, one entry per replica."""
     return self._built("local_steps", self._local_steps)
@@ -286,14 +403,6 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     return (list(self._one_element_queue_list)
             + list(self._sparse_grad_queues_and_devs))
 
-  def _built(self, what, value):
-    if not self.is_built:
-      raise errors.NotBuiltError(
-          "legacy.SyncReplicasOptimizer.%s is only available after "
-          "apply_gradients() (or minimize()) has been called on this "
-          "optimizer." % what)
-    return value
-
   # ------------------------------------------------------------------ build
 
   def _validate(self, grads_and_vars, global_step):
@@ -305,72 +414,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
           "set of queues and one local_steps vector; create one optimizer per "
           "train op." % self._global_step.name)
     _checks.apply_arguments(grads_and_vars, global_step)
-    for grad, var in grads_and_vars:
-      if grad is None:
-        continue
-      name = getattr(var, "name", var)
-      shape = var.get_shape()
-      if _compat.is_sparse_gradient(grad):
-        if shape.ndims in (None, 0):
-          raise ValueError(
-              "A sparse gradient needs a variable of rank >= 1 (its rows are "
-              "queued), got %s of shape %s. Pass a dense gradient for it "
-              "instead (tf.convert_to_tensor(grad))." % (name, shape))
-        shape = shape[1:]
-      # Queue elements have fixed shapes, so dequeue_many can batch them.
-      if not shape.is_fully_defined():
-        raise ValueError(
-            "Variable %s has shape %s; the gradient queues need a fully "
-            "defined (row) shape, got %s. Create the variable with a static "
-            "shape." % (name, var.get_shape(), shape))
-
-  def _aggregate_sparse_grad(self, grad, var, pushes, num_fresh):
-    """Queues one replica's rows; returns the chief's summed rows.
-
-    Sparse gradients are queued as (value row, index) pairs rather than whole
-    IndexedSlices, as their row counts differ from push to push.
-
-    Args:
-      grad: The ``tf.IndexedSlices`` gradient of ``var``.
-      var: The variable it belongs to.
-      pushes: The worker's push ops; the token enqueue is appended.
-      num_fresh: 1 if this replica's gradients are fresh, 0 if stale.
-
-    Returns:
-      The aggregated ``tf.IndexedSlices``: unique indices, summed rows.
-    """
-    sparse_grad_queue = tf.queue.FIFOQueue(
-        -1, (grad.values.dtype, grad.indices.dtype),
-        shapes=(var.get_shape()[1:], ()),
-        shared_name="sparse_grad_q_%s" % var.name)
-    self._sparse_grad_queues_and_devs.append((sparse_grad_queue, var.device))
-
-    # The token goes in only after the rows did, so the chief, once it has
-    # replicas_to_aggregate tokens, knows that many pushes are complete.
-    sparse_token_queue = tf.queue.FIFOQueue(
-        self._replicas_to_aggregate * 2, tf.int32, shapes=(),
-        shared_name="sparse_token_q_%s" % var.name)
-    self._one_element_queue_list.append((sparse_token_queue, var.device))
-
-    rows = num_fresh * tf.shape(grad.indices)[0]  # All rows, or none.
-    enqueue_sparse_op = sparse_grad_queue.enqueue_many(
-        [grad.values[:rows], grad.indices[:rows]])
-    with tf.control_dependencies([enqueue_sparse_op]):
-      pushes.append(sparse_token_queue.enqueue_many(
-          [tf.ones([num_fresh], tf.int32)]))
-
-    with tf.control_dependencies(
-        [sparse_token_queue.dequeue_many(self._replicas_to_aggregate)]):
-      # Every row queued by now: the tokens' pushes and any later ones.
-      values, indices = sparse_grad_queue.dequeue_many(
-          sparse_grad_queue.size())
-      # One row per index, so that the wrapped optimizer updates each row
-      # once: apply(g1 + g2) differs from apply(g1); apply(g2) for Momentum,
-      # Adagrad and the like.
-      new_indices, position = tf.unique(indices)
-      num_indices = tf.shape(new_indices)[0]
-      sum_values = tf.math.unsorted_segment_sum(values, position, num_indices)
-      return tf.IndexedSlices(sum_values, new_indices, grad.dense_shape)
+    _check_queue_shapes(grads_and_vars)
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Apply gradients to variables.
@@ -401,103 +445,30 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     grads_and_vars = tuple(grads_and_vars)
     self._validate(grads_and_vars, global_step)
     self._global_step = global_step
-    step_dtype = global_step.dtype.base_dtype
-
-    with tf.compat.v1.device(global_step.device):
-      local_steps = tf.compat.v1.Variable(
-          tf.zeros([self._total_num_replicas], dtype=step_dtype),
-          trainable=False, name="local_steps")
-    self._local_steps = local_steps
-
-    local_step = tf.slice(local_steps.read_value(),
-                          tf.reshape(self._replica_id, (1,)), [1],
-                          name="get_local_step")
-    local_step = tf.reshape(local_step, ())
-    is_stale = tf.less(local_step, global_step)
-    # Stock's tf.cond between "push" and "skip", as an item count (see the
-    # module docstring): 1 pushes, 0 skips.
-    num_fresh = tf.cast(tf.logical_not(is_stale), tf.int32, name="num_fresh")
-
-    pushes = []
-    aggregated = []
-    var_list = []
-    with tf.compat.v1.name_scope(None, self._name):
-      for grad, var in grads_and_vars:
-        var_list.append(var)
-        with tf.compat.v1.device(var.device):
-          if grad is None:
-            aggregated.append(None)  # Passed through, as in stock.
-          elif _compat.is_dense_gradient(grad):
-            gradient_queue = tf.queue.FIFOQueue(
-                self._tokens_per_step * 2, grad.dtype,
-                shapes=[var.get_shape()], shared_name=var.name)
-            self._one_element_queue_list.append((gradient_queue, var.device))
-            pushes.append(gradient_queue.enqueue_many(
-                [tf.expand_dims(grad, 0)[:num_fresh]]))
-            gradients = gradient_queue.dequeue_many(
-                self._replicas_to_aggregate)
-            aggregated.append(tf.reduce_sum(gradients, [0]))
-          else:
-            aggregated.append(self._aggregate_sparse_grad(
-                grad, var, pushes, num_fresh))
-
+    self._local_steps, num_fresh = _local_step_check(
+        global_step, self._total_num_replicas, self._replica_id)
+    with tf.compat.v1.name_scope(None, self.get_name()):
+      pushes, aggregated = self._queue_gradients(grads_and_vars, num_fresh)
       with tf.compat.v1.device(global_step.device), \
           tf.compat.v1.name_scope(""):
         update_op = self._opt.apply_gradients(
-            list(zip(aggregated, var_list)), global_step)
-
-      with tf.compat.v1.device(global_step.device), \
-          tf.compat.v1.name_scope(""):
-        sync_token_queue = tf.queue.FIFOQueue(
-            -1, step_dtype, shapes=(), name=TOKEN_QUEUE_NAME,
-            shared_name=TOKEN_QUEUE_NAME)
-        # Stock 0.11 gave its QueueRunner this placeholder rather than a
-        # real queue: a QueueRunner closes its queue when the coordinator
-        # stops, and a closed queue on a ps stays closed for the next session.
-        dummy_queue = tf.queue.FIFOQueue(1, tf.int32, shapes=(),
-                                         name=DUMMY_QUEUE_NAME,
-                                         shared_name=DUMMY_QUEUE_NAME)
-
-      # Gradients still queued after an update are stale: replicas that were
-      # restarted and pushed twice, backups, sparse tokens beyond the count.
-      clear_queue_ops = []
-      with tf.control_dependencies([update_op]):
-        for queue, dev in self._one_element_queue_list:
-          with tf.compat.v1.device(dev):
-            clear_queue_ops.append(queue.dequeue_many(queue.size()))
-        for queue, dev in self._sparse_grad_queues_and_devs:
-          with tf.compat.v1.device(dev):
-            _, stale_indices = queue.dequeue_many(queue.size())
-            clear_queue_ops.append(stale_indices)
-
+            list(zip(aggregated, [var for _, var in grads_and_vars])),
+            global_step)
+      sync_token_queue, dummy_queue = _token_queues(global_step)
+      clear_queue_ops = _clear_queues_after(
+          update_op, self._one_element_queue_list,
+          self._sparse_grad_queues_and_devs)
       with tf.compat.v1.device(global_step.device):
         clean_up_op = tf.raw_ops.Abort(error_msg=ABORT_MESSAGE)
-
       with tf.compat.v1.device(global_step.device), \
           tf.compat.v1.name_scope(""):
         # Replicas wait for a token only after all their pushes landed.
         with tf.control_dependencies(pushes):
           token = sync_token_queue.dequeue()
-          train_op = tf.compat.v1.scatter_update(local_steps,
+          train_op = tf.compat.v1.scatter_update(self._local_steps,
                                                  self._replica_id, token)
-
-        # Tokens go out only after the update and the emptying, and carry
-        # the global step read after both.
-        with tf.control_dependencies(clear_queue_ops):
-          sync_op = _fill_tokens(sync_token_queue, global_step,
-                                 self._tokens_per_step)
-
-        if self._variable_averages is not None:
-          with tf.control_dependencies([sync_op]), \
-              tf.compat.v1.name_scope(""):
-            sync_op = self._variable_averages.apply(
-                self._variables_to_average)
-
-        # Stock printed the same deprecation; ours stays quiet (_compat).
-        with _compat.quiet_deprecations():
-          chief_queue_runner = tf.compat.v1.train.QueueRunner(
-              dummy_queue, [sync_op])
-
+        chief_queue_runner = self._chief_runner(
+            sync_token_queue, dummy_queue, clear_queue_ops, global_step)
     self._sync_token_queue = sync_token_queue
     self._clean_up_op = clean_up_op
     self._chief_queue_runner = chief_queue_runner
@@ -505,22 +476,49 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     self._gradients_applied = True
     return train_op
 
+  def _queue_gradients(self, grads_and_vars, num_fresh):
+    """Every variable's queue; returns the pushes and the chief's sums."""
+    pushes, aggregated = [], []
+    for grad, var in grads_and_vars:
+      with tf.compat.v1.device(var.device):
+        if grad is None:
+          aggregated.append(None)  # Passed through, as in stock.
+        elif _compat.is_dense_gradient(grad):
+          gradient_queue = tf.queue.FIFOQueue(
+              self._tokens_per_step * 2, grad.dtype,
+              shapes=[var.get_shape()], shared_name=var.name)
+          self._one_element_queue_list.append((gradient_queue, var.device))
+          pushes.append(gradient_queue.enqueue_many(
+              [tf.expand_dims(grad, 0)[:num_fresh]]))
+          gradients = gradient_queue.dequeue_many(
+              self._replicas_to_aggregate)
+          aggregated.append(tf.reduce_sum(gradients, [0]))
+        else:
+          aggregated.append(_queue_sparse_grad(
+              grad, var, pushes, num_fresh,
+              replicas_to_aggregate=self._replicas_to_aggregate,
+              one_element_queues=self._one_element_queue_list,
+              sparse_queues=self._sparse_grad_queues_and_devs))
+    return pushes, aggregated
+
+  def _chief_runner(self, sync_token_queue, dummy_queue, clear_queue_ops,
+                    global_step):
+    """The chief's sync op (release, then averages) and its QueueRunner."""
+    # Tokens go out only after the update and the emptying, and carry
+    # the global step read after both.
+    with tf.control_dependencies(clear_queue_ops):
+      sync_op = _fill_tokens(sync_token_queue, global_step,
+                             self._tokens_per_step)
+    if self._variable_averages is not None:
+      with tf.control_dependencies([sync_op]), \
+          tf.compat.v1.name_scope(""):
+        sync_op = self._variable_averages.apply(
+            self._variables_to_average)
+    # Stock printed the same deprecation; ours stays quiet (_compat).
+    with _compat.quiet_deprecations():
+      return tf.compat.v1.train.QueueRunner(dummy_queue, [sync_op])
+
   # ------------------------------------------------------------ chief side
-
-  def get_chief_queue_runner(self):
-    """Returns the QueueRunner for the chief to execute.
-
-    It sums gradients, applies them, increments the global step, empties the
-    queues and releases the next tokens, in a loop.
-
-    Raises:
-      ValueError: If this is called before apply_gradients().
-    """
-    if not self._gradients_applied:
-      raise errors.NotBuiltError(
-          "Should be called after apply_gradients(). Build the train op with "
-          "minimize() or apply_gradients() first.")
-    return self._chief_queue_runner
 
   def get_clean_up_op(self):
     """Returns the clean up op for the chief to execute before exit.
@@ -534,9 +532,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     Raises:
       ValueError: If this is called before apply_gradients().
     """
-    if not self._gradients_applied:
-      raise errors.NotBuiltError(
-          "get_clean_up_op() should be called after apply_gradients().")
+    self._require_built(
+        "get_clean_up_op() should be called after apply_gradients().")
     return self._clean_up_op
 
   def get_init_tokens_op(self, num_tokens=-1):
@@ -558,9 +555,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       ValueError: If num_tokens are smaller than replicas_to_aggregate -
         total_num_replicas.
     """
-    if not self._gradients_applied:
-      raise errors.NotBuiltError(
-          "get_init_tokens_op() should be called after apply_gradients().")
+    self._require_built(
+        "get_init_tokens_op() should be called after apply_gradients().")
     num_tokens = _checks.init_tokens(
         num_tokens, replicas_to_aggregate=self._replicas_to_aggregate,
         total_num_replicas=self._total_num_replicas)

@@ -20,6 +20,11 @@ import sync_replicas
 STOCK = tf.compat.v1.train.SyncReplicasOptimizer
 OURS = sync_replicas.SyncReplicasOptimizer
 
+def sgd(rate=1.0):
+  """The plain v1 optimizer most tests wrap (rate 1.0: updates are sums)."""
+  return tf.compat.v1.train.GradientDescentOptimizer(rate)
+
+
 #: The project's tools/ folder.
 TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
 

@@ -21,10 +21,6 @@ pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 RUNNER_LOGGER = "sync_replicas._runner"
 
 
-def _sgd(rate=1.0):
-  return tf.compat.v1.train.GradientDescentOptimizer(rate)
-
-
 def test_no_update_below_the_minimum_then_a_short_one_after_the_deadline(
     caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
@@ -129,7 +125,7 @@ def test_training_goes_on_when_a_worker_stops_mid_run(caplog):
 ])
 def test_bad_deadline_options_are_refused_at_construction(kwargs, words):
   with pytest.raises(ValueError, match=words):
-    support.OURS(_sgd(), replicas_to_aggregate=3, **kwargs)
+    support.OURS(support.sgd(), replicas_to_aggregate=3, **kwargs)
 
 
 def test_without_a_deadline_the_takes_wait_for_a_constant():
@@ -137,7 +133,7 @@ def test_without_a_deadline_the_takes_wait_for_a_constant():
   with graph.as_default():
     step = tf.compat.v1.train.get_or_create_global_step()
     var = tf.compat.v1.get_variable("w", [2])
-    support.OURS(_sgd(), replicas_to_aggregate=3).apply_gradients(
+    support.OURS(support.sgd(), replicas_to_aggregate=3).apply_gradients(
         [(tf.ones([2]), var)], global_step=step)
   assert not [op for op in graph.get_operations()
               if op.type == "PlaceholderWithDefault"]

@@ -9,13 +9,9 @@ import support
 pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
 
-def _sgd():
-  return tf.compat.v1.train.GradientDescentOptimizer(1.0)
-
-
 @pytest.mark.parametrize("is_chief", [True, False], ids=["chief", "worker"])
 def test_begin_raises_before_apply_gradients(impl, is_chief):
-  opt = impl(_sgd(), replicas_to_aggregate=1, total_num_replicas=1)
+  opt = impl(support.sgd(), replicas_to_aggregate=1, total_num_replicas=1)
   hook = opt.make_session_run_hook(is_chief)
   with pytest.raises(ValueError, match="apply_gradient should be called"):
     hook.begin()
@@ -23,7 +19,7 @@ def test_begin_raises_before_apply_gradients(impl, is_chief):
 
 def test_hook_can_be_created_before_minimize(graph):
   del graph
-  opt = sync_replicas.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1,
+  opt = sync_replicas.SyncReplicasOptimizer(support.sgd(), replicas_to_aggregate=1,
                                             total_num_replicas=1)
   hook = opt.make_session_run_hook(True)
   assert isinstance(hook, sync_replicas.SyncReplicasOptimizerHook)

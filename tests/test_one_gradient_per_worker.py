@@ -19,10 +19,6 @@ import sync_replicas
 import support
 
 
-def _sgd():
-  return tf.compat.v1.train.GradientDescentOptimizer(1.0)
-
-
 def _workers(cls, count, **kwargs):
   cluster = sync_replicas.LocalCluster(num_workers=count, num_ps=1)
   workers = []
@@ -34,9 +30,8 @@ def _workers(cls, count, **kwargs):
   return workers
 
 
-@pytest.mark.parametrize("impl_name", ["stock", "ours_default"])
-def test_stock_lets_one_fast_worker_fill_a_whole_update(impl_name):
-  cls = {"stock": support.STOCK, "ours_default": support.OURS}[impl_name]
+def test_stock_lets_one_fast_worker_fill_a_whole_update(impl):
+  cls = impl
   workers = _workers(cls, 2, replicas=2, total=2)
   try:
     chief = workers[0]
@@ -109,10 +104,12 @@ def test_a_fast_worker_never_contributes_twice_under_load():
     assert len(cells) >= REPLICAS, (s, trace[s])
     np.testing.assert_allclose(cells, REPLICAS / len(cells),
                                err_msg="step %d: %s" % (s, trace[s]))
-  # Worker 0 ran far more often than it contributed: its extra pushes were
-  # stale (at a step whose update had happened) or skipped nothing else's.
+  # Every contribution of worker 0 came from a push of its own (the trace
+  # holds nothing a worker did not push). That it never fills a step twice
+  # is the per-step check above; issue 17 dropped an assertion here
+  # (contributed <= LAST_STEP) that counted at most LAST_STEP rows and so
+  # could not fail.
   contributed = int(np.count_nonzero(trace[:LAST_STEP, 0]))
-  assert contributed <= LAST_STEP
   assert results[0] >= contributed
 
 
@@ -126,13 +123,13 @@ def test_a_fast_worker_never_contributes_twice_under_load():
 ])
 def test_bad_options_are_refused_at_construction(kwargs, words):
   with pytest.raises(ValueError, match=words):
-    support.OURS(_sgd(), replicas_to_aggregate=2, total_num_replicas=3,
+    support.OURS(support.sgd(), replicas_to_aggregate=2, total_num_replicas=3,
                  **kwargs)
 
 
 def test_multi_batch_is_refused():
   with pytest.raises(ValueError, match="cannot reach replicas_to_aggregate=4"):
-    support.OURS(_sgd(), replicas_to_aggregate=4, total_num_replicas=2,
+    support.OURS(support.sgd(), replicas_to_aggregate=4, total_num_replicas=2,
                  one_gradient_per_worker=True, worker_index=0)
 
 
@@ -141,7 +138,7 @@ def test_one_initial_token_per_worker_and_no_other_count():
   with graph.as_default():
     step = tf.compat.v1.train.get_or_create_global_step()
     var = tf.compat.v1.get_variable("w", [2])
-    opt = support.OURS(_sgd(), replicas_to_aggregate=2, total_num_replicas=2,
+    opt = support.OURS(support.sgd(), replicas_to_aggregate=2, total_num_replicas=2,
                        one_gradient_per_worker=True, worker_index=1)
     with pytest.raises(ValueError, match="exactly one initial token"):
       opt.make_session_run_hook(True, num_tokens=2)
@@ -164,7 +161,7 @@ def test_an_int32_global_step_is_refused_before_any_op():
     step = tf.compat.v1.Variable(0, dtype=tf.int32, trainable=False)
     var = tf.compat.v1.get_variable("w", [2])
     grad = tf.ones([2])
-    opt = support.OURS(_sgd(), replicas_to_aggregate=2, total_num_replicas=2,
+    opt = support.OURS(support.sgd(), replicas_to_aggregate=2, total_num_replicas=2,
                        one_gradient_per_worker=True, worker_index=0)
     before = len(graph.get_operations())
     with pytest.raises(ValueError, match="needs an int64 global step"):

@@ -121,3 +121,41 @@ def test_our_code_paths_print_no_deprecation_warning():
   assert not ours, "\n".join(ours)
   # Stock's unused readiness tensor is logged as "never used" at exit.
   assert "Object was never used" not in done.stderr, done.stderr[-3000:]
+
+
+#: Underscore names that are public API (namedtuples').
+_PUBLIC_UNDERSCORE = {"_asdict", "_replace", "_fields", "_make"}
+
+
+def _own_private_names():
+  """Every private name the package itself defines or assigns."""
+  own = set(_PUBLIC_UNDERSCORE)
+  for path in SOURCES:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        own.add(node.name)
+      elif isinstance(node, ast.Attribute) and isinstance(
+          node.ctx, ast.Store):
+        own.add(node.attr)
+      elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        own.add(node.id)
+  return own
+
+
+def test_only_compat_may_touch_private_attributes_of_tensorflow_objects():
+  """A private attribute the package never defines is TensorFlow's (or a
+  library's): it changes between versions without notice (issue 17 found
+  QueueRunner's ``_exceptions_raised`` and Optimizer's ``_name``)."""
+  own = _own_private_names()
+  found = []
+  for path in SOURCES:
+    if path.name == "_compat.py":
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+          and not node.attr.startswith("__") and node.attr not in own):
+        found.append("%s:%d: .%s" % (path.name, node.lineno, node.attr))
+  assert not found, (
+      "Private attributes of TensorFlow objects change between versions; "
+      "use the public API, or reach them in _compat.py with a version "
+      "note:\n" + "\n".join(found))

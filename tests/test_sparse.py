@@ -83,18 +83,13 @@ def _run(make_opt, *, lookups=LOOKUPS, densify=False):
       sess.close()
 
 
-def _sgd():
-  return tf.compat.v1.train.GradientDescentOptimizer(1.0)
-
-
 def _ours(**kwargs):
-  return lambda: support.OURS(_sgd(), replicas_to_aggregate=2, **kwargs)
+  return lambda: support.OURS(support.sgd(), replicas_to_aggregate=2, **kwargs)
 
 
-@pytest.mark.parametrize("impl_name", ["stock", "ours_default"])
-def test_stock_applies_the_sum_of_unsorted_duplicate_rows(impl_name):
-  cls = {"stock": support.STOCK, "ours_default": support.OURS}[impl_name]
-  table = _run(lambda: cls(_sgd(), replicas_to_aggregate=2)).ravel()
+def test_stock_applies_the_sum_of_unsorted_duplicate_rows(impl):
+  cls = impl
+  table = _run(lambda: cls(support.sgd(), replicas_to_aggregate=2)).ravel()
   # Rows 1 got 2 + 4 + 10 = 16, not averaged over its two gradients.
   np.testing.assert_allclose(table, [-20.0, -16.0, 0.0, -1.0, 0.0])
 
@@ -195,7 +190,7 @@ class _Task:
         self.table = tf.compat.v1.get_variable(
             "table", [ROWS, 1], initializer=tf.zeros_initializer())
       with tf.compat.v1.device("/job:worker/task:%d" % task):
-        opt = support.OURS(_sgd(), replicas_to_aggregate=replicas_to_aggregate,
+        opt = support.OURS(support.sgd(), replicas_to_aggregate=replicas_to_aggregate,
                            total_num_replicas=2, sparse_reduction=reduction)
         self.opt = opt
         grad = _gradient(task, LOOKUPS, densify=densify)
@@ -340,7 +335,7 @@ def test_other_reductions_build_one_sum_accumulator_on_the_ps(reduction):
 def test_unknown_reduction_is_refused_before_any_op(value, graph):
   with pytest.raises(ValueError, match=r"sparse_reduction must be one of "
                                        r"row_mean, replica_mean, sum, got"):
-    support.OURS(_sgd(), replicas_to_aggregate=2, sparse_reduction=value)
+    support.OURS(support.sgd(), replicas_to_aggregate=2, sparse_reduction=value)
   with pytest.raises(ValueError, match=r"sparse_reduction must be one of"):
     _accumulators.check_sparse_reduction([], value)
   assert not graph.get_operations()
@@ -357,7 +352,7 @@ def _unknown_rows_model():
 
 def test_replica_mean_needs_a_known_row_count(graph):
   step, table, grad = _unknown_rows_model()
-  opt = support.OURS(_sgd(), replicas_to_aggregate=2,
+  opt = support.OURS(support.sgd(), replicas_to_aggregate=2,
                      sparse_reduction="replica_mean")
   before = len(graph.get_operations())
   with pytest.raises(ValueError) as err:
@@ -374,7 +369,7 @@ def test_replica_mean_needs_a_known_row_count(graph):
 @pytest.mark.parametrize("reduction", ["row_mean", "sum"])
 def test_other_reductions_need_no_row_count(reduction, graph):
   step, table, grad = _unknown_rows_model()
-  opt = support.OURS(_sgd(), replicas_to_aggregate=2,
+  opt = support.OURS(support.sgd(), replicas_to_aggregate=2,
                      sparse_reduction=reduction)
   opt.apply_gradients([(grad, table)], global_step=step)
   assert opt.is_built
@@ -384,7 +379,7 @@ def test_other_reductions_need_no_row_count(reduction, graph):
 def test_replica_mean_with_dense_gradients_needs_no_row_count(graph):
   del graph
   step, table, _ = _unknown_rows_model()
-  opt = support.OURS(_sgd(), replicas_to_aggregate=2,
+  opt = support.OURS(support.sgd(), replicas_to_aggregate=2,
                      sparse_reduction="replica_mean")
   opt.apply_gradients([(tf.ones_like(table), table)], global_step=step)
   assert opt.is_built

@@ -16,12 +16,6 @@ import support
 
 pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
-SGD = tf.compat.v1.train.GradientDescentOptimizer
-
-
-def _sgd():
-  return SGD(0.1)
-
 
 def _model():
   gs = tf.compat.v1.train.get_or_create_global_step()
@@ -40,12 +34,12 @@ def test_replicas_to_aggregate_must_be_positive_int(value):
   with pytest.raises(ValueError,
                      match=r"replicas_to_aggregate must be a positive int, "
                            r"got %s" % re.escape(repr(value))):
-    sync_replicas.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=value)
+    sync_replicas.SyncReplicasOptimizer(support.sgd(0.1), replicas_to_aggregate=value)
 
 
 def test_numpy_integers_are_accepted():
   opt = sync_replicas.SyncReplicasOptimizer(
-      _sgd(), replicas_to_aggregate=np.int64(3), total_num_replicas=np.int32(4))
+      support.sgd(0.1), replicas_to_aggregate=np.int64(3), total_num_replicas=np.int32(4))
   assert (opt.replicas_to_aggregate, opt.total_num_replicas) == (3, 4)
   assert opt.tokens_per_step == 4
 
@@ -56,7 +50,7 @@ def test_total_num_replicas_must_be_at_least_one(value):
                      match=r"total_num_replicas must be a positive int, got "
                            r"%d .*or None to use replicas_to_aggregate \(2\)"
                            % value):
-    sync_replicas.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=2,
+    sync_replicas.SyncReplicasOptimizer(support.sgd(0.1), replicas_to_aggregate=2,
                                         total_num_replicas=value)
 
 
@@ -93,18 +87,18 @@ def test_variable_averages_and_variables_go_together(which, graph):
             {"variables_to_average": [tf.compat.v1.Variable(1.0)]})
   with pytest.raises(ValueError, match="variable_averages and "
                                        "variables_to_average go together"):
-    sync_replicas.SyncReplicasOptimizer(_sgd(), replicas_to_aggregate=1,
+    sync_replicas.SyncReplicasOptimizer(support.sgd(0.1), replicas_to_aggregate=1,
                                         **kwargs)
 
 
 def test_too_few_tokens_matches_stock_words(graph):
   del graph
   gs, v = _model()
-  stock = support.STOCK(_sgd(), replicas_to_aggregate=3, total_num_replicas=1)
+  stock = support.STOCK(support.sgd(0.1), replicas_to_aggregate=3, total_num_replicas=1)
   stock.minimize(tf.reduce_sum(v), global_step=gs)
   with pytest.raises(ValueError) as stock_err:
     stock.get_init_tokens_op(num_tokens=1)
-  ours = support.OURS(_sgd(), replicas_to_aggregate=3, total_num_replicas=1)
+  ours = support.OURS(support.sgd(0.1), replicas_to_aggregate=3, total_num_replicas=1)
   with tf.compat.v1.variable_scope("ours"):
     ours.minimize(tf.reduce_sum(v), global_step=gs)
   before = _op_count()
@@ -119,7 +113,7 @@ def test_too_few_tokens_matches_stock_words(graph):
 
 def test_chief_hook_checks_num_tokens_when_made(graph):
   del graph
-  opt = support.OURS(_sgd(), replicas_to_aggregate=4, total_num_replicas=2)
+  opt = support.OURS(support.sgd(0.1), replicas_to_aggregate=4, total_num_replicas=2)
   with pytest.raises(ValueError, match=r"Too few tokens to finish the first "
                                        r"step: 0 \(given\) vs 2 \(needed\)"):
     opt.make_session_run_hook(is_chief=True, num_tokens=0)
@@ -130,14 +124,14 @@ def test_chief_hook_checks_num_tokens_when_made(graph):
 @pytest.mark.parametrize("num_tokens", [-2, 1.5, "3"])
 def test_num_tokens_must_be_minus_one_or_a_count(num_tokens, graph):
   del graph
-  opt = support.OURS(_sgd(), replicas_to_aggregate=2, total_num_replicas=4)
+  opt = support.OURS(support.sgd(0.1), replicas_to_aggregate=2, total_num_replicas=4)
   with pytest.raises(ValueError, match="num_tokens"):
     opt.make_session_run_hook(is_chief=True, num_tokens=num_tokens)
 
 
 def test_apply_gradients_twice_is_refused(graph):
   gs, v = _model()
-  opt = support.OURS(_sgd(), replicas_to_aggregate=1)
+  opt = support.OURS(support.sgd(0.1), replicas_to_aggregate=1)
   opt.minimize(tf.reduce_sum(v), global_step=gs)
   grads = opt.compute_gradients(tf.reduce_sum(v))
   before = len(graph.get_operations())
@@ -153,12 +147,12 @@ def test_missing_global_step_matches_stock_words(graph):
   grads = [(tf.ones([2]), v)]
   with pytest.raises(ValueError, match="^Global step is required to check "
                                        "staleness$"):
-    support.STOCK(_sgd(), replicas_to_aggregate=1).apply_gradients(grads)
+    support.STOCK(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(grads)
   grads = [(tf.ones([2]), v)]
   before = len(graph.get_operations())
   with pytest.raises(ValueError, match="^Global step is required to check "
                                        "staleness. Pass global_step="):
-    support.OURS(_sgd(), replicas_to_aggregate=1).apply_gradients(grads)
+    support.OURS(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(grads)
   assert len(graph.get_operations()) == before
 
 
@@ -172,7 +166,7 @@ def test_global_step_must_be_integer_variable(make_step, graph):
   grads = [(tf.ones([2]), v)]
   before = len(graph.get_operations())
   with pytest.raises(ValueError, match="int32 or int64"):
-    support.OURS(_sgd(), replicas_to_aggregate=1).apply_gradients(
+    support.OURS(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(
         grads, global_step=step)
   assert len(graph.get_operations()) == before
 
@@ -183,7 +177,7 @@ def test_empty_grads_and_vars_matches_stock_words(grads_and_vars, graph):
   gs, _ = _model()
   before = len(graph.get_operations())
   with pytest.raises(ValueError, match="^Must supply at least one variable$"):
-    support.OURS(_sgd(), replicas_to_aggregate=1).apply_gradients(
+    support.OURS(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(
         grads_and_vars, global_step=gs)
   assert len(graph.get_operations()) == before
 
@@ -195,7 +189,7 @@ def test_unknown_gradient_type_is_named(graph):
   before = len(graph.get_operations())
   with pytest.raises(ValueError, match=r"^Unknown grad type! .*for variable "
                                        r"w:0, got ndarray"):
-    support.OURS(_sgd(), replicas_to_aggregate=1).apply_gradients(
+    support.OURS(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(
         grads, global_step=gs)
   # Checked before anything was built, even for the valid first pair.
   assert len(graph.get_operations()) == before
@@ -206,15 +200,13 @@ def test_all_gradients_none_is_refused_before_building(graph):
   before = len(graph.get_operations())
   with pytest.raises(ValueError, match="No gradients provided for any "
                                        "variable"):
-    support.OURS(_sgd(), replicas_to_aggregate=1).apply_gradients(
+    support.OURS(support.sgd(0.1), replicas_to_aggregate=1).apply_gradients(
         [(None, v)], global_step=gs)
   assert len(graph.get_operations()) == before
 
 
-@pytest.mark.parametrize("impl_name", ["stock", "ours"])
-def test_queue_runner_and_tokens_need_apply_gradients_first(impl_name):
-  cls = {"stock": support.STOCK, "ours": support.OURS}[impl_name]
-  opt = cls(_sgd(), replicas_to_aggregate=1)
+def test_queue_runner_and_tokens_need_apply_gradients_first(impl):
+  opt = impl(support.sgd(0.1), replicas_to_aggregate=1)
   with pytest.raises(ValueError, match="^Should be called after "
                                        r"apply_gradients\(\)."):
     opt.get_chief_queue_runner()
@@ -224,8 +216,8 @@ def test_queue_runner_and_tokens_need_apply_gradients_first(impl_name):
 
 
 def test_built_attributes_are_absent_before_apply_gradients():
-  opt = support.OURS(_sgd(), replicas_to_aggregate=1)
-  stock = support.STOCK(_sgd(), replicas_to_aggregate=1)
+  opt = support.OURS(support.sgd(0.1), replicas_to_aggregate=1)
+  stock = support.STOCK(support.sgd(0.1), replicas_to_aggregate=1)
   for name in ("chief_init_op", "local_step_init_op",
                "ready_for_local_init_op"):
     # Stock has no such attribute yet: hasattr stays False for both.

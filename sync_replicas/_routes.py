@@ -1,0 +1,133 @@
+"""Gradient routes: how each worker's gradients reach an accumulator.
+
+Owns the worker-side half of ``apply_gradients``: which gradients share a
+fused accumulator (``fuse_dense_gradients``), the preparation of the others
+on the worker (combining sparse duplicates, the statistics' ordering), how
+they cross to the ps (packed with ``pack_gradient_transfers``, or each on
+its own as stock), and the per-variable accumulators with their pushes and
+takes. Each choice is a strategy with one method; ``build`` runs them in
+stock's build order, which fixes every op name.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from sync_replicas import _accumulators
+from sync_replicas import _compat
+from sync_replicas import _fused
+from sync_replicas import _packing
+
+# pushes: every push op, the train op's dependencies; aggregated: the
+# (averaged gradient, variable) pairs for the wrapped optimizer, in the
+# caller's order (None gradients passed through, as in stock); accumulators:
+# every _accumulators.AccumulatorOps, in build order.
+Routes = collections.namedtuple("Routes",
+                                ["pushes", "aggregated", "accumulators"])
+
+
+class NoFusion:
+  """Stock's route: every variable keeps its own accumulator."""
+
+  def route(self, grads_and_vars, *, stats, name, local_step, num_required):
+    del grads_and_vars, stats, name, local_step, num_required
+    return {}, Routes([], [], [])
+
+
+class FusedAccumulators:
+  """``fuse_dense_gradients``: one accumulator per ps task and dtype."""
+
+  def route(self, grads_and_vars, *, stats, name, local_step, num_required):
+    """Builds the fused accumulators.
+
+    Returns:
+      ``(averaged, routes)``: the averaged gradient of every fused variable
+      by ``id(var)``, and the fused pushes and accumulators.
+    """
+    fusable = [(stats.order_gradient(g), v) for g, v in grads_and_vars
+               if g is not None and _fused.fusable(g, v)]
+    averaged, pushes, entries = {}, [], []
+    for group in _fused.group_by_task(fusable):
+      entry, grads = _fused.build(group, name=name, local_step=local_step,
+                                  replicas_to_aggregate=num_required)
+      pushes.append(entry.push)
+      entries.append(entry)
+      for (_, var), grad in zip(group.pairs, grads):
+        averaged[id(var)] = grad
+    return averaged, Routes(pushes, [], entries)
+
+
+class DirectTransfers:
+  """Stock's transfers: each gradient crosses to its ps on its own."""
+
+  def route(self, prepared, variables, *, scope):
+    del variables, scope
+    return [None] * len(prepared)
+
+
+class PackedTransfers:
+  """``pack_gradient_transfers``: small dense gradients cross as one tensor."""
+
+  def route(self, prepared, variables, *, scope):
+    """Returns each packed gradient's part on its ps, None for the others."""
+    return _packing.pack(zip(prepared, variables),
+                         scope=scope + "packed_transfers/")
+
+
+def fusion(options):
+  return FusedAccumulators() if options.fuse_dense_gradients else NoFusion()
+
+
+def transfers(options):
+  return (PackedTransfers() if options.pack_gradient_transfers
+          else DirectTransfers())
+
+
+def _prepare(grads_and_vars, fused, *, stats, combine_sparse_duplicates):
+  """What each variable's own accumulator is pushed, prepared on the worker.
+
+  None: fused, or passed through to the wrapped optimizer, as in stock.
+  """
+  prepared = []
+  for grad, var in grads_and_vars:
+    if id(var) in fused or grad is None:
+      prepared.append(None)
+      continue
+    if combine_sparse_duplicates and _compat.is_sparse_gradient(grad):
+      # On the worker, so only the combined rows cross to the ps.
+      grad = _accumulators.combine_duplicates(grad)
+    with tf.compat.v1.device(var.device):
+      prepared.append(stats.order_gradient(grad))
+  return prepared
+
+
+def build(grads_and_vars, *, options, stats, name, prefix, scope,
+          local_step, num_required):
+  """Routes every gradient to an accumulator; returns the ``Routes``.
+
+  Call in the worker's device scope, under the optimizer's name scope.
+  """
+  fused, routes = fusion(options).route(
+      grads_and_vars, stats=stats, name=name, local_step=local_step,
+      num_required=num_required)
+  prepared = _prepare(grads_and_vars, fused, stats=stats,
+                      combine_sparse_duplicates=(
+                          options.combine_sparse_duplicates))
+  variables = [var for _, var in grads_and_vars]
+  routed = transfers(options).route(prepared, variables, scope=scope)
+  for var, grad, on_ps in zip(variables, prepared, routed):
+    if id(var) in fused:
+      routes.aggregated.append((fused[id(var)], var))
+      continue
+    with tf.compat.v1.device(var.device):
+      if grad is None:
+        routes.aggregated.append((None, var))  # Passed through, as in stock.
+        continue
+      entry = _accumulators.build(
+          on_ps if on_ps is not None else grad, var, local_step=local_step,
+          replicas_to_aggregate=num_required, prefix=prefix,
+          sparse_reduction=options.sparse_reduction)
+    routes.pushes.append(entry.push)
+    routes.aggregated.append((entry.take, var))
+    routes.accumulators.append(entry)
+  return routes
