@@ -215,9 +215,10 @@ def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
           return
       except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError):
         pass  # The ps is not up yet.
-      except tf.errors.AbortedError:
+      except (tf.errors.AbortedError, tf.errors.CancelledError):
         # A ps restarted and no longer knows this session: open a new one,
-        # as MonitoredSession does.
+        # as MonitoredSession does. (TensorFlow 2.15 reports it as the
+        # cancelled receive, with the ps's Aborted inside.)
         _close_quietly(sess)
         sess = None
       if time.monotonic() > deadline:
