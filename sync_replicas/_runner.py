@@ -295,7 +295,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       # session, and a token queue closed on a surviving ps stays closed,
       # so every worker would end as if training were done and the
       # recovered chief could not enqueue its tokens (issue 20).
-      sess.run(self._status.ready, options=options)
+      sess.run(self.status.ready, options=options)
     except Exception as e:  # pylint: disable=broad-except
       _LOG.info("sync_replicas: the chief stops while a ps task is "
                 "unreachable or restarted (%s): the token queue stays open "
