@@ -159,3 +159,28 @@ def test_only_compat_may_touch_private_attributes_of_tensorflow_objects():
       "Private attributes of TensorFlow objects change between versions; "
       "use the public API, or reach them in _compat.py with a version "
       "note:\n" + "\n".join(found))
+
+
+#: The house's size limits (issue 17): a function longer than this, or a
+#: class, no longer reads as one idea. Docstrings count.
+MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 300
+
+
+def test_no_function_or_class_in_the_package_is_too_long():
+  found = []
+  for path in SOURCES:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        limit = MAX_FUNCTION_LINES
+      elif isinstance(node, ast.ClassDef):
+        limit = MAX_CLASS_LINES
+      else:
+        continue
+      size = node.end_lineno - node.lineno + 1
+      if size > limit:
+        found.append("%s:%d %s is %d lines (at most %d)"
+                     % (path.name, node.lineno, node.name, size, limit))
+  assert not found, (
+      "Split these into named steps (see docs/design.md's build stages):\n"
+      + "\n".join(found))

@@ -67,7 +67,9 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert "global_step: 0" in text
   assert "tokens queued: 1 (each update releases 2)" in text
   assert "w " in text and " 1/2 " in text
-  assert "update to step 1 waits for 1 more gradient(s)" in text
+  # The chief's stall line's words.
+  assert ("next: update to step 1 waits for gradients: w 1/2; 1 token(s) "
+          "queued\n") in text, text
   # Both replicas hold local step 0 (the global step): nothing is stale.
   assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0, "
           "/job:worker/replica:0/task:1 0\n") in text, text
