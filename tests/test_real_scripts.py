@@ -9,9 +9,11 @@ test runs the script as a cluster of processes on 127.0.0.1, once with
 stock's class and once with ours, and checks what the protocol guarantees
 (the target step is reached, each update took replicas_to_aggregate
 gradients where the logs show it, the loss fell, stock and ours end near
-each other) and how every process ends. Where stock's chief lingers for its
-grace period (120 s) the test shows it alive well after training ended, then
-kills it; ours must exit on its own, promptly.
+each other) and how every process ends: ours must exit on its own,
+promptly. Stock's chief lingers for its grace period (120 s) only when its
+runner is blocked at the stop, which in these free-running scripts depends
+on timing (CI saw both); it is killed if still alive after the linger
+window, and nothing about its exit is asserted.
 
 The three drive the protocol three ways: TensorFlow's own mnist_replica.py
 (Supervisor with the TF 0.12 recipe: chief_init_op, local_step_init_op,
@@ -133,27 +135,27 @@ def _hosts(count):
   return ",".join("%s:%d" % (LOOPBACK, p) for p in free_ports(count))
 
 
-def _assert_lingers_then_kill(chief, others, *, what):
-  """Stock's chief: alive LINGER_SECS after the last other task exited.
+def _end_stock_chief(chief, others):
+  """Stock's chief: killed if still alive LINGER_SECS after the others.
 
-  Stock's runner is stuck (and its close waits the grace period) only if its
-  take is waiting when the chief stops; a push the others make after that
-  frees it. With free-running scripts, which happens depends on timing, so
-  a stock chief that exited before the last other task did (while they
-  still pushed) is stock's other, lucky, schedule; one that exits after
-  them without lingering would contradict stock's behaviour.
+  Stock's runner is stuck (and its close waits the whole grace period, then
+  Supervisor.stop() raises) only if its take is waiting when the chief
+  stops; a late push from another worker frees it. These scripts run free,
+  so which happens is a matter of timing: CI runs saw both, including a
+  stock chief exiting 0.2 s after its worker's last push freed it. Nothing
+  about stock's exit is asserted here; the deterministic demonstrations of
+  stock's wait are test_shutdown, test_supervisor and test_tf_slim.
+
+  Returns:
+    True if the chief lingered (and was killed), False if it exited.
   """
   last = max(t.exited_at for t in others)
   support.wait_until(lambda: time.monotonic() > last + LINGER_SECS or
                      chief.poll() is not None, timeout=LINGER_SECS + 5,
                      what="the linger window")
-  if chief.poll() is not None and chief.exited_at <= last:
-    return
-  assert chief.poll() is None, (
-      "stock's chief exited %.1f s after the others (code %s): it was "
-      "expected to wait for its grace period (%s):\n%s"
-      % (chief.exited_at - last, chief.poll(), what, chief.text()[-3000:]))
+  lingered = chief.poll() is None
   chief.kill()
+  return lingered
 
 
 # ------------------------------------------------------------ mnist_replica
@@ -254,7 +256,7 @@ def _worker1_ended_as_the_script_allows(worker1, runs):
 
 
 @pytest.mark.timeout(600)
-def test_inception_trainer_stock_chief_lingers_ours_exits_and_saves(tmp_path):
+def test_inception_trainer_ours_chief_exits_promptly_and_saves(tmp_path):
   losses = {}
   for impl in ("stock", "ours"):
     with Cluster(impl, tmp_path / impl) as cluster:
@@ -270,7 +272,7 @@ def test_inception_trainer_stock_chief_lingers_ours_exits_and_saves(tmp_path):
         support.wait_until(lambda: _runs(chief.text())[-1:] and
                            _runs(chief.text())[-1][1] > 400,
                            timeout=TRAIN_SECS, what="the chief's last run")
-        _assert_lingers_then_kill(chief, [worker1], what="Supervisor.stop()")
+        _end_stock_chief(chief, [worker1])
       else:
         codes = cluster.wait_exit(["worker0"], timeout=PROMPT_SECS)
         assert codes == {"worker0": 0}, cluster.logs()
@@ -296,7 +298,7 @@ def test_inception_trainer_stock_chief_lingers_ours_exits_and_saves(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_music_vae_trainer_stock_chief_lingers_in_close_ours_exits(tmp_path):
+def test_music_vae_trainer_ours_chief_exits_promptly(tmp_path):
   pytest.importorskip("tf_slim")
   num_steps = 400
   final_losses = {}
@@ -328,8 +330,7 @@ def test_music_vae_trainer_stock_chief_lingers_in_close_ours_exits(tmp_path):
             lambda: re.search(r"global_step = %d\b" % num_steps, chief.text())
             or "Saving checkpoints for %d" % num_steps in chief.text(),
             timeout=TRAIN_SECS, what="the chief's last step")
-        _assert_lingers_then_kill(chief, [worker1],
-                                  what="MonitoredSession.close()")
+        _end_stock_chief(chief, [worker1])
       else:
         codes = cluster.wait_exit(["worker0"], timeout=PROMPT_SECS)
         assert codes == {"worker0": 0}, cluster.logs()
