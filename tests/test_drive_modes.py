@@ -385,7 +385,10 @@ def test_closing_the_chief_session_without_a_stop_ends_the_runner(impl):
   loop[0].join(30)
   assert not loop[0].is_alive(), (
       "the sync loop still runs 30 s after its chief session closed")
-  with pytest.raises(tf.errors.CancelledError):
+  # Cancelled if the close caught the step blocked, "Session is closed" if
+  # the thread was between steps: which one is a matter of timing.
+  with pytest.raises((tf.errors.CancelledError,
+                      tf.errors.FailedPreconditionError)):
     coord.join(threads, stop_grace_period_secs=30)
 
 
