@@ -27,30 +27,6 @@ LAUNCH = ROOT / "tools" / "launch"
 status_tool = support.load_tool("status")
 
 
-@pytest.fixture
-def half_way(tmp_path):
-  """A live job: the chief pushed once, 1 of 2 gradients, 1 token queued."""
-  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
-  workers = [support.LinearWorker(support.OURS, cluster, t, replicas=2,
-                                  total=2) for t in range(2)]
-  chief = workers[0]
-  with chief.graph.as_default():
-    reads = [chief.global_step, chief.opt.token_queue.size(),
-             [a.num_accumulated() for a, _ in chief.opt.accumulators]]
-  path = chief.opt.write_sync_manifest(str(tmp_path))
-  sessions = [chief.session()]
-  try:
-    sessions.append(workers[1].session())
-    sessions[0].run(chief.train_op)
-    state = lambda: sessions[0].run(reads)  # pylint: disable=unnecessary-lambda
-    assert state() == [0, 1, [1]]
-    ps = cluster.cluster_spec.job_tasks("ps")[0]
-    yield ps, path, state
-  finally:
-    for s in reversed(sessions):
-      s.close()
-
-
 def _status(argv, capsys):
   out = io.StringIO()
   code = status_tool.main(argv, out=out)
@@ -65,7 +41,7 @@ def _free_port():
 
 def test_status_names_an_unreachable_ps_and_how_to_reach_it(tmp_path, capsys,
                                                             half_way):
-  _, path, state = half_way
+  _, path, state, _, _ = half_way
   port = _free_port()  # Nothing listens there once the probe socket closes.
   code, out, err = _status(["--manifest", path, "--ps", "127.0.0.1:%d" % port,
                             "--timeout", "2"], capsys)
@@ -123,7 +99,8 @@ def _other_job_manifest(directory):
 
 def test_status_refuses_another_jobs_manifest_and_creates_nothing(
     tmp_path, capsys, half_way):
-  ps, _, state = half_way
+  cluster, _, state, _, _ = half_way
+  ps = cluster.cluster_spec.job_tasks("ps")[0]
   (tmp_path / "other").mkdir()
   path = _other_job_manifest(tmp_path / "other")
   code, out, err = _status(["--manifest", path, "--ps", ps], capsys)
@@ -136,7 +113,8 @@ def test_status_refuses_another_jobs_manifest_and_creates_nothing(
 
 def test_status_refuses_an_accumulator_the_ps_does_not_hold(tmp_path, capsys,
                                                             half_way):
-  ps, path, state = half_way
+  cluster, path, state, _, _ = half_way
+  ps = cluster.cluster_spec.job_tasks("ps")[0]
   manifest = json.loads(pathlib.Path(path).read_text())
   # The job's own manifest plus an accumulator for a variable it never had,
   # as a manifest kept from an older version of the model would have.

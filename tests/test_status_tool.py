@@ -9,36 +9,10 @@ import io
 import json
 import pathlib
 
-import pytest
-
 import sync_replicas
 import support
 
 status_tool = support.load_tool("status")
-
-
-@pytest.fixture
-def half_way(tmp_path):
-  """Chief pushed once: 1 of 2 gradients accumulated, 1 token left."""
-  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
-  workers = [support.LinearWorker(support.OURS, cluster, t, replicas=2,
-                                  total=2) for t in range(2)]
-  chief, other = workers
-  with chief.graph.as_default():
-    # Built before the session: a finalized graph takes no new ops.
-    reads = [chief.global_step, chief.opt.token_queue.size(),
-             [a.num_accumulated() for a, _ in chief.opt.accumulators]]
-  path = chief.opt.write_sync_manifest(str(tmp_path))
-  sessions = [chief.session()]
-  try:
-    sessions.append(other.session())
-    sessions[0].run(chief.train_op)
-    state = lambda: sessions[0].run(reads)  # pylint: disable=unnecessary-lambda
-    assert state() == [0, 1, [1]]
-    yield cluster, path, state, workers, sessions
-  finally:
-    for s in reversed(sessions):
-      s.close()
 
 
 def _run(argv):
