@@ -112,7 +112,8 @@ class LocalStepReader:
   """
 
   def __init__(self, spec, *, timeout_secs=READ_TIMEOUT_MS / 1000.0):
-    self._spec = spec
+    #: The ``LocalStepSpec`` read on every device.
+    self.spec = spec
     self._timeout_secs = timeout_secs
     self._blocked = {}  # device -> the thread still inside its read
 
@@ -127,7 +128,7 @@ class LocalStepReader:
         continue
       thread = threading.Thread(
           target=lambda d=device: results.__setitem__(
-              d, _read_one(target, self._spec, d, config,
+              d, _read_one(target, self.spec, d, config,
                            int(self._timeout_secs * 1000))),
           name="SyncReplicasLocalStepRead", daemon=True)
       thread.start()

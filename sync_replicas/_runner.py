@@ -364,7 +364,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     """
     if self._local_step is None:
       return ()
-    spec = _diagnose.local_step_spec(self._local_step)
+    spec = self._local_steps.spec
     try:
       devices = []
       if sess.sess_str:
