@@ -61,7 +61,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_package.py": (15, 10),
     "test_parity.py": (55, 460),
     "test_reads.py": (15, 290),
-    "test_real_scripts.py": (150, 10),
+    "test_real_scripts.py": (120, 10),
     "test_recovery.py": (90, 10),
     "test_restart.py": (10, 1430),
     "test_scale_tool.py": (45, 10),
