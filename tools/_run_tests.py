@@ -75,6 +75,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_supervisor.py": (8, 550),
     "test_tf_scenarios.py": (8, 1590),
     "test_tf_slim.py": (40, 1600),
+    "test_test_runner.py": (1, 10),
     "test_tfjob.py": (5, 10),
     "test_two_optimizers.py": (3, 290),
     "test_validation.py": (3, 10),
@@ -302,9 +303,31 @@ def summary(done, not_run, wall):
     print("  %-36s not run (stopped early)" % job.name)
   tests = sorted((t for job in done for t in job.test_times()), reverse=True)
   if tests:
+    print("Files, slowest first (their tests' time in pytest, and how many; "
+          "EXPECTED's seconds):")
+    for secs, count, name in per_file(tests):
+      print("  %-36s %6.1f s  %4d tests  (expected %s s)"
+            % (name, secs, count, EXPECTED.get(name, ("none",))[0]))
     print("Slowest tests (setup + call + teardown):")
     for secs, name in tests[:15]:
       print("  %6.1f s  %s" % (secs, name))
+
+
+def per_file(tests):
+  """(seconds, test count, file name) per file, slowest first.
+
+  ``tests`` holds (seconds, "tests.test_x::test_name") pairs, as
+  ``Job.test_times`` returns them: JUnit's class name is the module's
+  dotted path, followed by a test class's name (``Test...``) if any.
+  """
+  files = {}
+  for secs, name in tests:
+    parts = name.split("::")[0].split(".")
+    module = next((m for m in parts if m.startswith("test_")), parts[-1])
+    total, count = files.get(module, (0.0, 0))
+    files[module] = (total + secs, count + 1)
+  return sorted(((secs, count, module + ".py")
+                 for module, (secs, count) in files.items()), reverse=True)
 
 
 def main(argv):
