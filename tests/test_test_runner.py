@@ -8,6 +8,7 @@ lines add up the tests of each file.
 
 import pathlib
 import sys
+import time
 
 import pytest
 
@@ -98,3 +99,13 @@ def test_every_expected_file_exists():
   tests = pathlib.Path(support.TOOLS).parent / "tests"
   missing = [n for n in _run_tests.EXPECTED if not (tests / n).exists()]
   assert not missing, missing
+
+
+def test_machine_busy_seconds_grow_with_work():
+  before = _run_tests.machine_busy_secs()
+  assert before is not None and before > 0
+  end = time.process_time() + 0.3
+  while time.process_time() < end:
+    pass
+  # This process alone was busy 0.3 s; the clock ticks at 1/100 s.
+  assert _run_tests.machine_busy_secs() - before >= 0.25
