@@ -472,7 +472,8 @@ def _failing_run(messages):
     calls.append(tmp_path)
     tmp_path.mkdir(parents=True, exist_ok=True)
     if len(calls) <= len(messages):
-      (tmp_path / ("%s-worker1.log" % impl)).write_text(messages[len(calls) - 1])
+      log = tmp_path / ("%s-worker1.log" % impl)
+      log.write_text(messages[len(calls) - 1])
       raise AssertionError("worker1 exited 1")
     return 7
   return run, calls

@@ -37,15 +37,15 @@ def _trace(step, replicas, num_replicas=4):
 
 
 def test_min_faults_extends_the_fault_phase_boundedly():
-  args = soak._parse(["--seconds", "45", "--min-faults", "3"])  # pylint: disable=protected-access
-  assert soak._faulting(44.9, 0, args)  # pylint: disable=protected-access
+  parse, faulting = soak._parse, soak._faulting  # pylint: disable=protected-access
+  args = parse(["--seconds", "45", "--min-faults", "3"])
+  assert faulting(44.9, 0, args)
   # Past --seconds only while fewer than --min-faults happened, and never
   # past MIN_FAULTS_LIMIT times --seconds.
-  assert soak._faulting(50, 2, args)  # pylint: disable=protected-access
-  assert not soak._faulting(50, 3, args)  # pylint: disable=protected-access
-  assert not soak._faulting(45 * soak.MIN_FAULTS_LIMIT, 2, args)  # pylint: disable=protected-access
-  plain = soak._parse(["--seconds", "45"])  # pylint: disable=protected-access
-  assert not soak._faulting(45, 0, plain)  # pylint: disable=protected-access
+  assert faulting(50, 2, args)
+  assert not faulting(50, 3, args)
+  assert not faulting(45 * soak.MIN_FAULTS_LIMIT, 2, args)
+  assert not faulting(45, 0, parse(["--seconds", "45"]))
 
 
 def test_row_check_accepts_fresh_updates_across_the_wrap():
