@@ -139,6 +139,27 @@ def test_metrics_refuses_a_run_without_a_measured_window():
   assert bench_report.metrics([_record(50)])["global_steps_per_s"] > 0
 
 
+def test_chief_cpu_per_update_counts_the_window_only():
+  # 50 steps; the chief's process CPU grows 2 ms a step after a costly
+  # first step (graph registration) that the window leaves out.
+  record = _record(50)
+  record["cpu_at"] = [1.0] + [1.5 + 0.002 * i for i in range(49)]
+  metrics = bench_report.metrics([record])
+  assert metrics["chief_cpu_ms_per_update"] == pytest.approx(2.0)
+  # A record from before cpu_at existed (--from an old file): no figure.
+  assert bench_report.metrics([_record(50)])[
+      "chief_cpu_ms_per_update"] is None
+
+
+def test_scale_scenarios_are_named_but_not_run_by_default():
+  parse = support.load_tool("bench")._parse  # pylint: disable=protected-access
+  default = parse([]).scenarios
+  assert default == _bench_protocol.DEFAULT_SCENARIOS
+  assert not set(default) & set(_bench_protocol.SCALE_SCENARIOS)
+  assert parse(["--scenarios", "many,many_4000"]).scenarios == [
+      "many", "many_4000"]
+
+
 class _FakePool:
   """Stands in for _bench_pool.Pool: no process, nothing to wait for."""
 

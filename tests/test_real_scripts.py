@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -218,7 +219,7 @@ TF_REQUEST_ID_COLLISION = "request was received twice"
 def _rerun_once_on_tf_request_id_collision(run, impl, tmp_path):
   """``run(impl, tmp_path)``, run once more if TensorFlow's collision broke it.
 
-  Only that message, only once, and said on stderr: any other failure, or
+  Only that message, only once, and said in a warning: any other failure, or
   the same one twice, fails the test.
   """
   try:
@@ -228,9 +229,9 @@ def _rerun_once_on_tf_request_id_collision(run, impl, tmp_path):
                    for p in sorted(tmp_path.glob("*.log")))
     if TF_REQUEST_ID_COLLISION not in logs:
       raise
-  sys.stderr.write("test_real_scripts: %s: a task died of TensorFlow's "
-                   "request-id collision (%r); running it once more\n"
-                   % (impl, TF_REQUEST_ID_COLLISION))
+  # A warning, so that pytest's summary shows it even when the test passes.
+  warnings.warn("%s: a task died of TensorFlow's request-id collision (%r); "
+                "ran it once more" % (impl, TF_REQUEST_ID_COLLISION))
   return run(impl, tmp_path / "rerun")
 
 
@@ -458,3 +459,41 @@ def test_music_vae_trainer_ours_chief_exits_promptly(tmp_path):
   losses = {impl: _rerun_once_on_tf_request_id_collision(
       _music_vae, impl, tmp_path / impl) for impl in ("stock", "ours")}
   assert abs(losses["stock"] - losses["ours"]) < 0.3, losses
+
+
+# ------------------------------------------ the request-id collision rerun
+
+
+def _failing_run(messages):
+  """A run that logs and fails with each of ``messages``, then returns 7."""
+  calls = []
+
+  def run(impl, tmp_path):
+    calls.append(tmp_path)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    if len(calls) <= len(messages):
+      log = tmp_path / ("%s-worker1.log" % impl)
+      log.write_text(messages[len(calls) - 1])
+      raise AssertionError("worker1 exited 1")
+    return 7
+  return run, calls
+
+
+def test_a_run_broken_by_the_collision_runs_once_more_with_a_warning(
+    tmp_path):
+  run, calls = _failing_run(["AbortedError: The same RunGraph (Worker) "
+                             "request was received twice. graph_handle"])
+  with pytest.warns(UserWarning, match="request-id collision"):
+    assert _rerun_once_on_tf_request_id_collision(run, "ours", tmp_path) == 7
+  assert calls == [tmp_path, tmp_path / "rerun"]
+
+
+def test_any_other_failure_or_a_second_collision_fails(tmp_path):
+  run, _ = _failing_run(["OutOfRangeError: 'sync_token_q' is closed"])
+  with pytest.raises(AssertionError, match="worker1 exited"):
+    _rerun_once_on_tf_request_id_collision(run, "ours", tmp_path / "a")
+  twice = "The same RunGraph (Worker) request was received twice."
+  run, calls = _failing_run([twice, twice])
+  with pytest.warns(UserWarning), pytest.raises(AssertionError):
+    _rerun_once_on_tf_request_id_collision(run, "ours", tmp_path / "b")
+  assert len(calls) == 2

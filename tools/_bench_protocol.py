@@ -29,8 +29,12 @@ from typing import Optional
 #: The scenarios a matrix may name. ``straggler_backup`` is the straggler
 #: model with one backup: the driver sends it as ``straggler`` with one
 #: replica fewer to aggregate than there are workers.
-SCENARIOS = ["small", "medium", "many", "many_packed_reads", "flat",
-             "sparse", "straggler", "straggler_backup"]
+DEFAULT_SCENARIOS = ["small", "medium", "many", "many_packed_reads", "flat",
+                     "sparse", "straggler", "straggler_backup"]
+#: The "many" model at V = 1000 and 4000 variables, for how costs grow with
+#: V (docs/scaling.md); named, never run by default (each takes minutes).
+SCALE_SCENARIOS = ["many_1000", "many_4000"]
+SCENARIOS = DEFAULT_SCENARIOS + SCALE_SCENARIOS
 #: Stock's SyncReplicasOptimizer, ours, and the plain optimizer (no barrier).
 IMPLS = ["stock", "ours", "async"]
 

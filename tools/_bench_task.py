@@ -64,12 +64,17 @@ def _linear_loss(variables, rng, *, packed_reads=False):
       np.float32)) for v in values])
 
 
+#: Models of many small dense variables (100 floats each), by variable count:
+#: how the costs grow with V (docs/scaling.md).
+MANY = {"many": 200, "many_1000": 1000, "many_4000": 4000}
+
+
 def build_model(scenario, rng):
   """The scenario's loss; variables go where the device setter puts them."""
   if scenario in ("small", "straggler"):
     return _linear_loss(_dense_vars(10, 100), rng)
-  if scenario == "many":
-    return _linear_loss(_dense_vars(200, 100), rng)
+  if scenario in MANY:
+    return _linear_loss(_dense_vars(MANY[scenario], 100), rng)
   if scenario == "many_packed_reads":
     # The same model, reading its variables with sync_replicas.read_packed:
     # one transfer per ps task instead of 200 (stock's optimizer too).
@@ -180,7 +185,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
   stop_file = spec.stop_file
   deadline = None
   step = -1
-  latencies, steps_at = [], []
+  latencies, steps_at, cpu_at = [], [], []
   first_step = None
   cpu_at_first = None
   built = time.monotonic()
@@ -225,6 +230,9 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
             deadline = end + spec.warmup + spec.secs
         latencies.append(end - start)
         steps_at.append((end, int(step)))
+        # This process's CPU (its steps, and on the chief the sync loop and
+        # the ops its server runs), for the chief's CPU per update.
+        cpu_at.append(time.process_time())
         if (deadline is not None and end >= deadline
             and stop_hook.last_step == _UNSET):
           stop_hook.last_step = int(step) + 2
@@ -239,7 +247,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
   return {
       "first_global_step": steps_at[0][1] if steps_at else None,
       "task": task, "runs": len(latencies), "latencies": latencies,
-      "steps_at": steps_at, "first_step_wall": first_step,
+      "steps_at": steps_at, "cpu_at": cpu_at, "first_step_wall": first_step,
       "close_secs": closed - left, "peak_rss_mb": _peak_rss_mb(),
       # Where the run's wall time went, in seconds.
       "build_secs": built - began,

@@ -75,6 +75,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_supervisor.py": (8, 550),
     "test_tf_scenarios.py": (8, 1590),
     "test_tf_slim.py": (40, 1600),
+    "test_test_runner.py": (1, 10),
     "test_tfjob.py": (5, 10),
     "test_two_optimizers.py": (3, 290),
     "test_validation.py": (3, 10),
@@ -287,9 +288,29 @@ def report(job, index, total):
   sys.stdout.flush()
 
 
-def summary(done, not_run, wall):
+def machine_busy_secs():
+  """CPU seconds all cores have spent not idle since boot, or None.
+
+  The difference over the run says whether the suite is bound by the
+  cores (busy close to cores x wall) or by waiting; the per-process CPU
+  below misses processes a test started but did not reap itself.
+  """
+  try:
+    with open("/proc/stat") as f:
+      ticks = [int(x) for x in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return None
+  return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def summary(done, not_run, wall, busy=None):
   print("\n%s\ntools/test: %d pytest processes, %.0f s wall time"
         % ("=" * 78, len(done), wall))
+  if busy is not None:
+    cores = os.cpu_count() or 1
+    print("Machine CPU: %.0f s busy of %.0f s (%d cores x wall), %.0f%%; "
+          "other programs included" % (busy, cores * wall, cores,
+                                       100 * busy / max(cores * wall, 1e-9)))
   print("Processes, slowest first (CPU: the process and the children it "
         "reaped; threads: the pytest process's peak):")
   for job in sorted(done, key=lambda j: -j.secs):
@@ -302,9 +323,31 @@ def summary(done, not_run, wall):
     print("  %-36s not run (stopped early)" % job.name)
   tests = sorted((t for job in done for t in job.test_times()), reverse=True)
   if tests:
+    print("Files, slowest first (their tests' time in pytest, and how many; "
+          "EXPECTED's seconds):")
+    for secs, count, name in per_file(tests):
+      print("  %-36s %6.1f s  %4d tests  (expected %s s)"
+            % (name, secs, count, EXPECTED.get(name, ("none",))[0]))
     print("Slowest tests (setup + call + teardown):")
     for secs, name in tests[:15]:
       print("  %6.1f s  %s" % (secs, name))
+
+
+def per_file(tests):
+  """(seconds, test count, file name) per file, slowest first.
+
+  ``tests`` holds (seconds, "tests.test_x::test_name") pairs, as
+  ``Job.test_times`` returns them: JUnit's class name is the module's
+  dotted path, followed by a test class's name (``Test...``) if any.
+  """
+  files = {}
+  for secs, name in tests:
+    parts = name.split("::")[0].split(".")
+    module = next((m for m in parts if m.startswith("test_")), parts[-1])
+    total, count = files.get(module, (0.0, 0))
+    files[module] = (total + secs, count + 1)
+  return sorted(((secs, count, module + ".py")
+                 for module, (secs, count) in files.items()), reverse=True)
 
 
 def main(argv):
@@ -314,14 +357,18 @@ def main(argv):
   stop_early = any(a in ("-x", "--exitfirst") or a.startswith("--maxfail")
                    for a in pytest_args)
   start = time.monotonic()
+  busy_at_start = machine_busy_secs()
   with tempfile.TemporaryDirectory(prefix="sync_replicas_tests_") as tmp:
     jobs = make_jobs(args, pytest_args, pathlib.Path(tmp))
     if not jobs:
       print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
       return 5
     done = run(jobs, workers=max(1, args.jobs), stop_early=stop_early)
+    busy_at_end = machine_busy_secs()
     summary(done, [j for j in jobs if j not in done],
-            time.monotonic() - start)
+            time.monotonic() - start,
+            None if None in (busy_at_start, busy_at_end)
+            else busy_at_end - busy_at_start)
   if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
     return 1
   if all(j.rc == 5 for j in done):

@@ -80,6 +80,11 @@ def metrics(records):
                for (t, _), l in zip(r["steps_at"], r["latencies"])
                if first[0] < t <= last[0])
   pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)] * 1000
+  cpu_at = chief.get("cpu_at") or []
+  updates = last[1] - first[1]
+  chief_cpu_ms = (
+      (cpu_at[-1] - cpu_at[index]) * 1000 / updates
+      if len(cpu_at) == len(steps_at) and updates > 0 else None)
   return {
       "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
       "global_steps_per_s": (last[1] - first[1]) / window,
@@ -88,6 +93,9 @@ def metrics(records):
       "first_step_s": chief["first_step_wall"] - chief["spawned_wall"],
       "chief_close_s": chief["close_secs"],
       "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+      # The chief process's CPU (its steps, its sync loop, the ops its
+      # server runs) over the window, per update.
+      "chief_cpu_ms_per_update": chief_cpu_ms,
       # Where the chief's wall time went (s): graph, cluster reset, session
       # creation, waiting for the others, steps, close; and the whole run as
       # the driver saw it.
@@ -161,7 +169,7 @@ def summarize(rows):
     entry = {"scenario": scenario, "workers": workers}
     for metric in ("global_steps_per_s", "grads_per_s", "step_ms_p50",
                    "step_ms_p95", "chief_close_s", "first_step_s",
-                   "peak_rss_mb", "read_ms_p50"):
+                   "peak_rss_mb", "read_ms_p50", "chief_cpu_ms_per_update"):
       for impl in IMPLS:
         vals = [m[impl][metric] for m in reps.values()
                 if impl in m and m[impl].get(metric) is not None]

@@ -1,0 +1,111 @@
+"""tools/_run_tests.py, the suite's scheduler, on made-up files (issue 18).
+
+What it promises: a long file runs alone, short files share processes whose
+threads stay under PROCESS_THREADS, a file it does not know runs alone and
+first, the quick marker is read from the file, and the summary's per-file
+lines add up the tests of each file.
+"""
+
+import pathlib
+import sys
+import time
+
+import pytest
+
+import support
+
+sys.path.insert(0, str(support.TOOLS))
+import _run_tests  # pylint: disable=g-import-not-at-top
+
+pytestmark = pytest.mark.quick
+
+
+@pytest.fixture
+def expected(monkeypatch):
+  table = {}
+  monkeypatch.setattr(_run_tests, "EXPECTED", table)
+  return table
+
+
+def _files(tmp_path, names):
+  paths = []
+  for name in names:
+    path = tmp_path / name
+    path.write_text("")
+    paths.append(path)
+  return paths
+
+
+def test_long_files_run_alone_and_short_ones_share_under_the_thread_cap(
+    tmp_path, expected):
+  expected.update({
+      "test_long.py": (_run_tests.ALONE_SECS + 1, 10),
+      "test_many_threads.py": (1, _run_tests.PROCESS_THREADS),
+      "test_a.py": (10, 2_000), "test_b.py": (9, 1_500),
+      "test_c.py": (8, 1_500), "test_d.py": (7, 500)})
+  files = _files(tmp_path, sorted(expected))
+  groups = _run_tests.pack(files, workers=2)
+  names = [sorted(f.name for f in g) for g in groups]
+  assert ["test_long.py"] in names
+  assert ["test_many_threads.py"] in names
+  shared = [g for g in groups if len(g) > 1 or g[0].name in
+            ("test_a.py", "test_b.py", "test_c.py", "test_d.py")]
+  # Every short file is in exactly one process, and no shared process
+  # holds more threads than the cap.
+  assert sorted(f.name for g in shared for f in g) == [
+      "test_a.py", "test_b.py", "test_c.py", "test_d.py"]
+  for group in shared:
+    assert sum(expected[f.name][1] for f in group) <= (
+        _run_tests.PROCESS_THREADS), names
+
+
+def test_an_unknown_file_runs_alone_and_first(tmp_path, expected):
+  expected.update({"test_known.py": (_run_tests.ALONE_SECS + 100, 10)})
+  files = _files(tmp_path, ["test_known.py", "test_new.py"])
+
+  class Args:
+    quick = False
+    jobs = 4
+
+  original = _run_tests.TESTS
+  try:
+    _run_tests.TESTS = tmp_path
+    jobs = _run_tests.make_jobs(Args, [], tmp_path)
+  finally:
+    _run_tests.TESTS = original
+  assert [j.name for j in jobs] == ["tests/test_new.py",
+                                    "tests/test_known.py"]
+  assert {f.name for f in files} == {f.name for j in jobs for f in j.files}
+
+
+def test_quick_is_read_from_the_files_marker(tmp_path):
+  quick, slow = _files(tmp_path, ["test_q.py", "test_s.py"])
+  quick.write_text("import pytest\npytestmark = pytest.mark.quick\n")
+  slow.write_text("import pytest\n# pytestmark = pytest.mark.quick\n")
+  assert _run_tests.is_quick(quick)
+  assert not _run_tests.is_quick(slow)
+
+
+def test_per_file_adds_up_each_files_tests_classes_included():
+  tests = [(2.0, "tests.test_a::test_x"), (3.5, "tests.test_a::test_y"),
+           (1.0, "tests.test_b.TestGroup::test_z"),
+           (4.0, "tests.test_b::test_w[1]")]
+  assert _run_tests.per_file(tests) == [
+      (5.5, 2, "test_a.py"), (5.0, 2, "test_b.py")]
+
+
+def test_every_expected_file_exists():
+  # A renamed or removed file left in EXPECTED would go unnoticed.
+  tests = pathlib.Path(support.TOOLS).parent / "tests"
+  missing = [n for n in _run_tests.EXPECTED if not (tests / n).exists()]
+  assert not missing, missing
+
+
+def test_machine_busy_seconds_grow_with_work():
+  before = _run_tests.machine_busy_secs()
+  assert before is not None and before > 0
+  end = time.process_time() + 0.3
+  while time.process_time() < end:
+    pass
+  # This process alone was busy 0.3 s; the clock ticks at 1/100 s.
+  assert _run_tests.machine_busy_secs() - before >= 0.25
