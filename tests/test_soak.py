@@ -36,6 +36,18 @@ def _trace(step, replicas, num_replicas=4):
   return trace
 
 
+def test_a_violation_quotes_the_tasks_last_lines(tmp_path):
+  log = soak.Log(tmp_path / "tasks.log")
+  for i in range(20):
+    log.write(b"[worker0] line %d\n" % i)
+    log.write(b"[worker10] other %d\n" % i)
+  tail = log.tail("worker0", lines=3).splitlines()
+  # worker10's lines are not worker0's, though "worker0" is in their name.
+  assert [l.split("] ", 1)[1] for l in tail] == ["line 17", "line 18",
+                                                 "line 19"]
+  log.close()
+
+
 def test_min_faults_extends_the_fault_phase_boundedly():
   parse, faulting = soak._parse, soak._faulting  # pylint: disable=protected-access
   args = parse(["--seconds", "45", "--min-faults", "3"])
