@@ -43,6 +43,10 @@ STEP_MASK = (1 << 32) - 1
 STALL_LOG_SECS = 5.0
 
 
+#: How often a replica reports that it is stepping, at most, in seconds.
+ALIVE_SECS = 0.5
+
+
 def _emit(event, **record):
   path = os.path.join(os.environ["SOAK_EVENTS"], "%s.jsonl" % _NAME)
   with open(path, "a") as f:
@@ -165,6 +169,7 @@ def _train(task, server, spec):
       _task.wait_for_chief(server.target, opt.ready_for_local_init_op, config)
     rng = np.random.default_rng()
     runs = 0
+    alive_at = 0.0
     with tf.compat.v1.train.MonitoredTrainingSession(
         master=server.target, is_chief=task.is_chief, hooks=hooks,
         chief_only_hooks=chief_hooks, config=config,
@@ -178,6 +183,11 @@ def _train(task, server, spec):
         time.sleep(rng.uniform(0, 2 * spec["delay"]))
         sess.run(train_op)
         runs += 1
+        if time.monotonic() - alive_at > ALIVE_SECS:
+          # The soak sets the target step only once every replica stepped
+          # after the last fault (tools/soak).
+          alive_at = time.monotonic()
+          _emit("alive", runs=runs)
         if not sess.should_stop():
           sess.run(relabel)  # The step of the token just taken.
   _emit("done", runs=runs)
