@@ -15,6 +15,8 @@ import tensorflow as tf
 
 import sync_replicas
 import support
+from sync_replicas import _runner
+from sync_replicas import errors
 
 #: A close that takes longer than this has waited for the grace period.
 PROMPT_SECS = 5.0
@@ -156,3 +158,29 @@ def test_stall_is_logged_and_times_out_with_a_clear_error(caplog):
   stalls = [r.getMessage() for r in caplog.records
             if "no update for" in r.getMessage()]
   assert stalls and "w 0/2" in stalls[0] and "2 token(s) queued" in stalls[0]
+
+
+@pytest.mark.parametrize("error,recovering", [
+    (None, False),
+    (tf.errors.UnavailableError(None, None, "ps 1 unreachable"), True),
+    (tf.errors.AbortedError(None, None, "session handle not found"), True),
+    (tf.errors.InvalidArgumentError(None, None, "a bad feed"), False),
+    (errors.SyncStallError("no update"), False),
+])
+def test_a_stop_with_an_error_the_session_recovers_from_keeps_the_queue_open(
+    error, recovering):
+  # The runner's close decides on this whether the stop ends training (the
+  # token queue closes, as stock's does) or is MonitoredSession recovering
+  # (it stays open for the new session): CI on 2.15 caught the close on a
+  # stop whose only trace of the failure was the error in the coordinator.
+  coord = tf.compat.v1.train.Coordinator()
+  if error is None:
+    coord.request_stop()
+  else:
+    try:
+      raise error
+    except Exception as e:  # pylint: disable=broad-except
+      # As the runner reports: from its except block (the coordinator
+      # keeps sys.exc_info()).
+      coord.request_stop(e)
+  assert _runner._recovering(coord) is recovering  # pylint: disable=protected-access
