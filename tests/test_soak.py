@@ -48,6 +48,17 @@ def test_a_violation_quotes_the_tasks_last_lines(tmp_path):
   log.close()
 
 
+def test_a_snapshot_read_across_a_restore_is_excused_only_then():
+  short = [(341, 0, 3), (342, 0, 3)]
+  restore = [(101.0, 356, 340, 340)]  # (time, from, to, checkpoint)
+  assert soak.read_across_restore(100.0, short, restore)
+  # Not long before the restore, not after it, not rows with too much.
+  assert not soak.read_across_restore(90.0, short, restore)
+  assert not soak.read_across_restore(102.0, short, restore)
+  assert not soak.read_across_restore(100.0, [(341, 6, 3)], restore)
+  assert not soak.read_across_restore(100.0, short, [])
+
+
 def test_min_faults_extends_the_fault_phase_boundedly():
   parse, faulting = soak._parse, soak._faulting  # pylint: disable=protected-access
   args = parse(["--seconds", "45", "--min-faults", "3"])
