@@ -258,6 +258,23 @@ def _end_stock_chief(chief, others):
   return lingered
 
 
+def _chief_ends(impl, cluster, chief, worker1, reached_last_step):
+  """How the chief ends once worker 1 has exited, per class.
+
+  Ours: exits 0 within PROMPT_SECS of worker 1. Stock: once
+  ``reached_last_step()`` says it trained to the end, it may linger in its
+  grace period; it is killed after the linger window (_end_stock_chief).
+  """
+  if impl == "stock":
+    support.wait_until(reached_last_step, timeout=TRAIN_SECS,
+                       what="the chief's last step")
+    _end_stock_chief(chief, [worker1])
+    return
+  codes = cluster.wait_exit([chief.name], timeout=PROMPT_SECS)
+  assert codes == {chief.name: 0}, cluster.logs()
+  assert chief.exited_at - worker1.exited_at < PROMPT_SECS
+
+
 # ------------------------------------------------------------ mnist_replica
 
 
@@ -360,18 +377,13 @@ def _inception(impl, tmp_path):
     cluster.wait_exit(["worker1"], timeout=START_SECS + TRAIN_SECS)
     runs = {n: _runs(cluster.tasks[n].text()) for n in ("worker0", "worker1")}
     _worker1_ended_as_the_script_allows(worker1, runs["worker1"])
-    if impl == "stock":
-      # sv.stop() waits stop_grace_secs (120 s) for the chief queue
-      # runner, blocked in take_grad, then raises: the final save below
-      # it never runs.
-      support.wait_until(lambda: _runs(chief.text())[-1:] and
-                         _runs(chief.text())[-1][1] > INCEPTION_STEPS,
-                         timeout=TRAIN_SECS, what="the chief's last run")
-      _end_stock_chief(chief, [worker1])
-    else:
-      codes = cluster.wait_exit(["worker0"], timeout=PROMPT_SECS)
-      assert codes == {"worker0": 0}, cluster.logs()
-      assert chief.exited_at - worker1.exited_at < PROMPT_SECS
+    # Stock's sv.stop() waits stop_grace_secs (120 s) for the chief queue
+    # runner, blocked in take_grad, then raises: the final save below it
+    # never runs.
+    _chief_ends(impl, cluster, chief, worker1,
+                lambda: _runs(chief.text())[-1:] and
+                _runs(chief.text())[-1][1] > INCEPTION_STEPS)
+    if impl == "ours":
       # The save after sv.stop() ran, at the last step.
       saved = [int(m) for m in re.findall(
           r"model\.ckpt-(\d+)\.index",
@@ -422,18 +434,12 @@ def _music_vae(impl, log_dir):
         "--task=1", "--master=" + targets[1])
     codes = cluster.wait_exit(["worker1"], timeout=START_SECS + TRAIN_SECS)
     assert codes == {"worker1": 0}, cluster.logs()
-    if impl == "stock":
-      # MonitoredTrainingSession.close() waits stop_grace_period_secs
-      # (120 s; tf_slim.training.train has no knob) for the queue runner.
-      support.wait_until(
-          lambda: re.search(r"global_step = %d\b" % num_steps, chief.text())
-          or "Saving checkpoints for %d" % num_steps in chief.text(),
-          timeout=TRAIN_SECS, what="the chief's last step")
-      _end_stock_chief(chief, [worker1])
-    else:
-      codes = cluster.wait_exit(["worker0"], timeout=PROMPT_SECS)
-      assert codes == {"worker0": 0}, cluster.logs()
-      assert chief.exited_at - worker1.exited_at < PROMPT_SECS
+    # Stock's MonitoredTrainingSession.close() waits stop_grace_period_secs
+    # (120 s; tf_slim.training.train has no knob) for the queue runner.
+    _chief_ends(impl, cluster, chief, worker1,
+                lambda: re.search(r"global_step = %d\b" % num_steps,
+                                  chief.text())
+                or "Saving checkpoints for %d" % num_steps in chief.text())
     # LoggingTensorHook logs every 100 runs, from the first: worker 1
     # joined while the chief was held, so it logged too.
     per_worker = [[(int(s), float(l)) for s, l in re.findall(
