@@ -7,6 +7,7 @@ A faithful, importable replacement for
 from sync_replicas.cluster import LocalCluster
 from sync_replicas.errors import NotBuiltError
 from sync_replicas.errors import SyncStallError
+from sync_replicas.errors import is_recoverable_error
 from sync_replicas.hook import SyncReplicasOptimizerHook
 from sync_replicas.legacy import SyncReplicasOptimizerV2
 from sync_replicas.optimizer import SyncReplicasOptimizer
@@ -23,6 +24,7 @@ __all__ = [
     "SyncReplicasOptimizerHook",
     "SyncReplicasOptimizerV2",
     "__version__",
+    "is_recoverable_error",
     "read_packed",
     "slim_train",
 ]

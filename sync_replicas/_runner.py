@@ -63,23 +63,20 @@ CLOSE_QUEUE_TIMEOUT_MS = 5000
 SESSION_CHECK_SECS = 0.5
 
 
-#: What MonitoredSession recreates its session for (its _PREEMPTION_ERRORS).
-RECOVERABLE_ERRORS = (tf.errors.AbortedError, tf.errors.UnavailableError)
-
-
 def _recovering(coord):
-  """Whether ``coord`` was stopped with an error MonitoredSession recovers from.
+  """Whether ``coord`` was stopped with an error a new session recovers from.
 
-  CI (2.15) saw the other test miss this: ps 1 restarted, ps 0's channel to
+  That includes a restart TensorFlow reports as a CancelledError
+  (``errors.is_recoverable_error``): MonitoredSession then ends the
+  process rather than recovering, and the chief that restarts needs the
+  token queue open as much as a recreated session does. CI (2.15) saw the other test miss this: ps 1 restarted, ps 0's channel to
   it still backing off, the runner's take failed with UnavailableError,
   and by the stop every accumulator was readable again from the chief.
   """
   try:
     coord.raise_requested_exception()
-  except RECOVERABLE_ERRORS:
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False
+  except Exception as e:  # pylint: disable=broad-except
+    return errors.is_recoverable_error(e)
   return False
 
 

@@ -160,12 +160,61 @@ def test_stall_is_logged_and_times_out_with_a_clear_error(caplog):
   assert stalls and "w 0/2" in stalls[0] and "2 token(s) queued" in stalls[0]
 
 
+# What the soak's worker 2 raised in CI (TF 2.21) when ps 1 restarted under a
+# step: the cancelled partition's root error sorts first and gives its code.
+RESTART_AS_CANCELLED = """Graph execution error:
+
+=====================
+CANCELLED: From /job:worker/replica:0/task:2:
+RecvFromRemoteAsync is cancelled.
+	 [[{{node global_step/Read/ReadVariableOp_S39}}]]
+ABORTED: From /job:ps/replica:0/task:1:
+Session handle is not found: 859886386b42b66c. Possibly this worker ("/job:ps/replica:0/task:1") just restarted.
+====================="""
+# The same in 2.15's layout of several root errors.
+RESTART_AS_CANCELLED_215 = """Graph execution error:
+
+2 root error(s) found.
+  (0) CANCELLED: From /job:worker/replica:0/task:2:
+RecvFromRemoteAsync is cancelled.
+  (1) UNAVAILABLE: From /job:ps/replica:0/task:1:
+Socket closed
+0 successful operations."""
+# A take cancelled because the chief's session closed at the end: no restart.
+CLOSED_AT_END = """Graph execution error:
+
+Detected at node 'sync_token_q_Dequeue' defined at (most recent call last):
+Dequeue operation was cancelled
+	 [[{{node sync_token_q_Dequeue}}]]"""
+
+
+@pytest.mark.parametrize("error,recoverable", [
+    (tf.errors.AbortedError(None, None, "session handle not found"), True),
+    (tf.errors.UnavailableError(None, None, "Socket closed"), True),
+    (tf.errors.CancelledError(None, None, RESTART_AS_CANCELLED), True),
+    (tf.errors.CancelledError(None, None, RESTART_AS_CANCELLED_215), True),
+    (tf.errors.CancelledError(None, None, CLOSED_AT_END), False),
+    (tf.errors.CancelledError(None, None, "Session has been closed."), False),
+    # A message that merely mentions an abort is not a root error.
+    (tf.errors.CancelledError(None, None, "cancelled; see ABORTED: above"),
+     False),
+    (tf.errors.InvalidArgumentError(None, None, "ABORTED: in a feed"), False),
+    (errors.SyncStallError("no update"), False),
+    (ValueError("UNAVAILABLE:"), False),
+])
+def test_is_recoverable_error_sees_a_restart_reported_as_cancelled(
+    error, recoverable):
+  assert sync_replicas.is_recoverable_error(error) is recoverable
+
+
 @pytest.mark.parametrize("error,recovering", [
     (None, False),
     (tf.errors.UnavailableError(None, None, "ps 1 unreachable"), True),
     (tf.errors.AbortedError(None, None, "session handle not found"), True),
     (tf.errors.InvalidArgumentError(None, None, "a bad feed"), False),
     (errors.SyncStallError("no update"), False),
+    (tf.errors.CancelledError(None, None, RESTART_AS_CANCELLED), True),
+    (tf.errors.CancelledError(None, None, CLOSED_AT_END), False),
 ])
 def test_a_stop_with_an_error_the_session_recovers_from_keeps_the_queue_open(
     error, recovering):

@@ -120,6 +120,24 @@ class _Checkpoints(tf.compat.v1.train.CheckpointSaverListener):
     _emit("checkpoint", step=step, bad_rows=bad)
 
 
+def _session_loop(session_kwargs, train_op, relabel, delay, rng, state):
+  """Trains in one MonitoredTrainingSession until the soak's target."""
+  with tf.compat.v1.train.MonitoredTrainingSession(**session_kwargs) as sess:
+    while not sess.should_stop():
+      # Random pauses shuffle who arrives last, so that the backup is not
+      # always the same replica.
+      time.sleep(rng.uniform(0, 2 * delay))
+      sess.run(train_op)
+      state["runs"] += 1
+      if time.monotonic() - state["alive_at"] > ALIVE_SECS:
+        # The soak sets the target step only once every replica stepped
+        # after the last fault (tools/soak).
+        state["alive_at"] = time.monotonic()
+        _emit("alive", runs=state["runs"])
+      if not sess.should_stop():
+        sess.run(relabel)  # The step of the token just taken.
+
+
 def _train(task, server, spec):
   replicas = task.num_replicas - spec["backups"]
   index = task.replica_index
@@ -167,29 +185,28 @@ def _train(task, server, spec):
           listeners=[_Checkpoints(spec["checkpoint_dir"], replicas)]))
     else:
       _task.wait_for_chief(server.target, opt.ready_for_local_init_op, config)
-    rng = np.random.default_rng()
-    runs = 0
-    alive_at = 0.0
-    with tf.compat.v1.train.MonitoredTrainingSession(
+    session_kwargs = dict(
         master=server.target, is_chief=task.is_chief, hooks=hooks,
         chief_only_hooks=chief_hooks, config=config,
         checkpoint_dir=spec["checkpoint_dir"] if task.is_chief else None,
         save_checkpoint_steps=None, save_checkpoint_secs=None,
         save_summaries_steps=None, save_summaries_secs=None,
-        log_step_count_steps=None, stop_grace_period_secs=2) as sess:
-      while not sess.should_stop():
-        # Random pauses shuffle who arrives last, so that the backup is not
-        # always the same replica.
-        time.sleep(rng.uniform(0, 2 * spec["delay"]))
-        sess.run(train_op)
-        runs += 1
-        if time.monotonic() - alive_at > ALIVE_SECS:
-          # The soak sets the target step only once every replica stepped
-          # after the last fault (tools/soak).
-          alive_at = time.monotonic()
-          _emit("alive", runs=runs)
-        if not sess.should_stop():
-          sess.run(relabel)  # The step of the token just taken.
+        log_step_count_steps=None, stop_grace_period_secs=2)
+    rng = np.random.default_rng()
+    state = {"runs": 0, "alive_at": 0.0}
+    while True:
+      try:
+        _session_loop(session_kwargs, train_op, relabel, spec["delay"], rng,
+                      state)
+        break
+      except tf.errors.CancelledError as e:
+        # A restart that TensorFlow reports as a cancel: MonitoredSession
+        # would end the process; a new one recovers, as for an abort
+        # (docs/operations.md, "A restart reported as CancelledError").
+        if not sync_replicas.is_recoverable_error(e):
+          raise
+        _emit("recreated", error=e.message.splitlines()[-3:])
+    runs = state["runs"]
   _emit("done", runs=runs)
   return 0
 
