@@ -13,7 +13,9 @@ small queue on the global step's device that lives as long as the ps task and
 is never checkpointed; its length minus one is the restart *generation*. With
 an int64 global step, tokens and accumulator steps carry ``step + generation
 * 2**32``, so a local step from an earlier generation is always older than
-the accumulator's and its gradients are dropped. On the first start the
+the accumulator's and its gradients are dropped, while a replica that
+(re)starts gets the current generation's global step as its local step, so
+its first gradient counts, as with stock. On the first start the
 generation is 0 and every value is stock's. The chief's init op also empties
 every accumulator of what an earlier chief left behind and, from the second
 start on, the token queue.
@@ -92,6 +94,34 @@ class Generations:
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope):
       return tf.add(steps, offset, name="with_generation")
+
+  def local_step_value(self, global_step):
+    """A (re)started replica's local step: the global step, in this generation.
+
+    Stock sets a starting worker's local step to the global step, so its
+    first gradient is fresh. Plain, it would be one generation behind the
+    accumulators' steps after a chief restart, and every replica that
+    starts then would waste its first push and need a token to catch up:
+    the soak stalled for good when a worker died holding such a token and
+    the restarted chief's own first push was stale too (issue 20).
+    Generation 0 (and int32 steps): the plain global step, as stock.
+    """
+    return self.encode(global_step)
+
+  def chief_local_step_op(self, local_step, global_step, *, after):
+    """The chief's local step once its start moved the generation, or None.
+
+    ``local_step_init_op`` (part of ``chief_init_op``) may read the
+    generation before this start's ``start_op`` ran; this sets it again,
+    after it, so the chief's first push is fresh too.
+    """
+    if not self.enabled:
+      return None
+    with tf.control_dependencies([self.start_op] + list(after)):
+      value = self.encode(global_step)
+    with tf.compat.v1.name_scope(self._scope):
+      return tf.compat.v1.assign(local_step, value,
+                                 name="chief_local_step").op
 
   def drain_tokens_op(self, token_queue):
     """Empties the token queue once the generation moved past 0.

@@ -398,7 +398,11 @@ class _Build:
     # recipe runs this op (or chief_init_op) instead of the local variables'
     # initializer. A control dependency keeps stock's op name.
     with tf.control_dependencies(self.stats.worker_init_ops()):
-      self.local_step_init_op = tf.compat.v1.assign(self.local_step, gs)
+      # Read here, as stock's assign reads it, so that stock's op names
+      # stay; the generation's offset is added in our scope.
+      self.local_step_init_op = tf.compat.v1.assign(
+          self.local_step,
+          self.generations.local_step_value(tf.convert_to_tensor(gs)))
     self.ready_for_local_init_op = (
         tf.compat.v1.report_uninitialized_variables(
             tf.compat.v1.global_variables()))
@@ -482,8 +486,11 @@ class _Build:
 
   def chief_init_op(self):
     """The chief's local init: local step, accumulators, restart state."""
+    chief_local_step = self.generations.chief_local_step_op(
+        self.local_step, self.global_step, after=[self.local_step_init_op])
     self.chief_init = tf.group(
         self.local_step_init_op,
+        *[op for op in [chief_local_step] if op is not None],
         *_accumulators.set_global_step_ops(
             self.routes.accumulators, self.global_step,
             generations=self.generations, after=self.generations.start_op,

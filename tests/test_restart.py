@@ -7,6 +7,7 @@ and accepts pushes from tokens of the lost updates; ours drops both.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sync_replicas
@@ -144,8 +145,8 @@ def test_one_gradient_per_worker_resumes_after_a_chief_restart():
 
   Each pushed at step 0 and waits for a token newer than 0. The restarted
   chief clears their gradients and gives each worker queue a token of the
-  new generation, so both push again, fresh, and the next update averages
-  exactly those two.
+  new generation; the worker pushes again and the chief pushes its first
+  gradient, both fresh, and the next update averages exactly those two.
   """
   cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
   chief, worker = [Replica(support.OURS, cluster, t,
@@ -172,10 +173,9 @@ def test_one_gradient_per_worker_resumes_after_a_chief_restart():
   # The worker's wait ends with the new generation's token; it pushes again.
   blocked[1].finish(timeout=20)
   assert worker.state()["local"] == 1 << 32
-  # The new chief's first push carries its plain local step, 0: stale, so
-  # dropped; its own generation-1 token comes back at once.
-  chief.sess.run(chief.train_op)
-  assert worker.state()["accumulated"] == 0
+  # The new chief's first push is fresh too: its local step is generation
+  # 1's, as a starting replica's is the global step with stock.
+  assert chief.state()["local"] == 1 << 32
   second = [support.BoundedThread(worker.sess.run, worker.train_op,
                                   name="worker-again"),
             support.BoundedThread(chief.sess.run, chief.train_op,
@@ -192,3 +192,28 @@ def test_one_gradient_per_worker_resumes_after_a_chief_restart():
   assert step == 1
   # The mean of one gradient per replica: ([1, 2] + [2, 4]) / 2.
   np.testing.assert_allclose(v, [-1.5, -3.0])
+
+
+@pytest.mark.parametrize("impl", [support.STOCK, support.OURS],
+                         ids=["stock", "ours"])
+def test_replicas_that_start_after_a_chief_restart_push_fresh_gradients(impl):
+  # Stock sets a starting replica's local step to the global step, so its
+  # first gradient counts. Ours must too in generation 1: the soak stalled
+  # for good when the restarted chief's first push and a restarted worker's
+  # were both one generation behind (stale, each needing a token to catch
+  # up) and the init tokens had gone to a worker that then died.
+  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  chief = Replica(impl, cluster, 0)
+  chief.start_chief(first=True)
+  chief.sess.close()
+  chief = Replica(impl, cluster, 0)  # The restart: generation 1 for ours.
+  chief.start_chief(first=False)
+  chief.sess.run(chief.train_op)
+  assert chief.state()["accumulated"] == 1  # The chief's first push counts.
+  worker = Replica(impl, cluster, 1)  # A worker (re)started after it.
+  worker.start_worker()
+  worker.sess.run(worker.train_op)
+  assert worker.state()["accumulated"] == 2  # So does the worker's.
+  if impl is support.OURS:
+    # Their local steps are generation 1's: step 0 plus one stride.
+    assert worker.state()["local"] == 1 << 32

@@ -263,14 +263,17 @@ def test_restarted_chief_drains_the_counting_accumulator():
     chief = _Task(cluster, 0, reduction="replica_mean")
     chief.start(chief=True)
     assert worker.sess.run(worker.num_accumulated) == 0
-    # Each task's first push after the restart is stale (old generation)
-    # and takes one of the new tokens; then both push fresh.
-    for task in (worker, chief):
-      task.sess.run(task.train_op)
+    # The worker's next push carries its old-lifetime local step: stale, and
+    # it takes one of the new tokens. The new chief's first push is fresh
+    # (its local step is the new generation's, as a starting replica's is
+    # the global step with stock); then the worker pushes fresh.
+    worker.sess.run(worker.train_op)
     assert chief.sess.run(chief.num_accumulated) == 0
-    chief.sess.run(chief.init_tokens)
-    for task in (worker, chief):
-      task.sess.run(task.train_op)
+    chief.sess.run(chief.train_op)
+    assert chief.sess.run(chief.num_accumulated) == 1
+    chief.sess.run(chief.init_tokens)  # A token for the worker's next wait.
+    worker.sess.run(worker.train_op)
+    assert chief.sess.run(chief.num_accumulated) == 2
     chief.sess.run(chief.update_op)
     # Exactly one update from the two fresh gradients: a leftover in the
     # take would have made the count 3 and added its rows.
