@@ -36,6 +36,11 @@ if that reaches the minimum (fed as the takes' ``num_required``). A take never
 blocks then, and never sees fewer gradients than the poll did: only the
 chief's own takes lower a count.
 
+With a checkpoint listener (``make_checkpoint_saver_listener``, ``_saves``)
+every update runs under a lock that a save holds, and the remote loop polls
+as the in-process one does, so that it never holds a save up while blocked
+in a take.
+
 It also watches for stalls: while no update lands, it logs at a steady
 cadence what the update waits for, and with a stall timeout it stops the
 coordinator with ``SyncStallError``.
@@ -58,6 +63,8 @@ LOCAL_POLL_SECS = 0.002
 #: Bound on closing the token queue at stop: a ps that died (the usual reason
 #: for a recovery close) must not hold the chief's close for long.
 CLOSE_QUEUE_TIMEOUT_MS = 5000
+#: How often a loop waiting for a save to end checks for a stop, in seconds.
+UPDATE_WAIT_SECS = 0.1
 #: How often the remote runner checks whether the chief's own session was
 #: closed without a stop request, in seconds.
 SESSION_CHECK_SECS = 0.5
@@ -94,6 +101,12 @@ class BlockingLoop:
   by_deadline = None
 
   def run_remote(self, runner, sess, coord):
+    if runner.pauses_for_saves:
+      # A save may hold the updates back (make_checkpoint_saver_listener):
+      # the op then runs only once it cannot block, as in process, so that
+      # it never waits for gradients while it keeps a save waiting.
+      self.run_local(runner, sess, coord)
+      return
     run_sync = sess.make_callable(runner.sync_op)
     while not coord.should_stop():
       run_sync()
@@ -103,7 +116,7 @@ class BlockingLoop:
     run_sync = sess.make_callable(runner.sync_op)
     while not coord.should_stop():
       if is_ready():
-        run_sync()
+        runner.run_update(coord, run_sync)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
 
@@ -154,14 +167,14 @@ class DeadlineLoop:
       have = min(counts)
       waited = runner.clock() - last_update
       if have >= full:
-        run_sync(full)
+        runner.run_update(coord, run_sync, full)
       elif have >= self.min_replicas and waited >= self.secs:
         _LOG.info(
             "sync_replicas: no full update for %.2f s "
             "(aggregation_deadline_secs=%s): update to step %d goes ahead "
             "with %d of replicas_to_aggregate=%d gradients", waited,
             self.secs, int(step) + 1, have, full)
-        run_sync(have)
+        runner.run_update(coord, run_sync, have)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
@@ -201,10 +214,57 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self._stall_timeout_secs = stall_timeout_secs
     self._running = set()  # Sessions with live threads, as stock tracks.
     self._guard = threading.Lock()
+    # Held while an update is applied, and by a checkpoint save once
+    # pause_for_saves() was called: no save sees half an update.
+    self._updates = threading.Lock()
+    self._pauses_for_saves = False
 
   @property
   def prompt_stop(self):
     return self._prompt_stop
+
+  # ------------------------------------------------------- saves and updates
+
+  @property
+  def pauses_for_saves(self):
+    """Whether checkpoint saves hold updates back (``pause_for_saves``)."""
+    return self._pauses_for_saves
+
+  def pause_for_saves(self):
+    """From now on the loop runs the sync op only when it cannot block.
+
+    Called by the checkpoint listener's maker, before the threads start:
+    the listener's ``hold_updates`` then never waits for a blocked take.
+    Stock's threads (``prompt_stop=False``) cannot hold anything back.
+    """
+    if not self._prompt_stop:
+      raise ValueError(
+          "make_checkpoint_saver_listener() needs the chief's prompt-stop "
+          "loop, and this optimizer was built with prompt_stop=False "
+          "(stock's QueueRunner threads, which nothing can pause). Build it "
+          "with prompt_stop=True (the default) to pause updates for saves.")
+    self._pauses_for_saves = True
+
+  def hold_updates(self, timeout_secs):
+    """Waits for the update being applied, if any, and holds the next.
+
+    Returns False if that took longer than ``timeout_secs`` (then nothing
+    is held).
+    """
+    return self._updates.acquire(timeout=timeout_secs)
+
+  def release_updates(self):
+    self._updates.release()
+
+  def run_update(self, coord, run_sync, *args):
+    """``run_sync(*args)`` unless a save holds the updates until a stop."""
+    while not self._updates.acquire(timeout=UPDATE_WAIT_SECS):
+      if coord.should_stop():
+        return
+    try:
+      run_sync(*args)
+    finally:
+      self._updates.release()
 
   def create_threads(self, sess, coord=None, daemon=False, start=False):
     """Creates (and optionally starts) the chief's threads for ``sess``.

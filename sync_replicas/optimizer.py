@@ -33,6 +33,7 @@ from sync_replicas import _manifest
 from sync_replicas import _options
 from sync_replicas import _restart
 from sync_replicas import _routes
+from sync_replicas import _saves
 from sync_replicas import _runner
 from sync_replicas import _stats
 from sync_replicas import _status
@@ -319,6 +320,17 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         state.global_step, count, encode=state.generations.encode,
         after=state.stats.init_ops)
     return fill if fill is not None else tf.no_op(name="no_init_tokens")
+
+  def make_checkpoint_saver_listener(
+      self, timeout_secs=_saves.DEFAULT_TIMEOUT_SECS):
+    """Not in stock: a ``CheckpointSaverListener`` that keeps the chief's
+    updates out of its checkpoint saves, so that none holds half an update.
+    Pass it, first, to the chief's ``CheckpointSaverHook(listeners=...)``;
+    a save waits at most ``timeout_secs`` for the update being applied.
+    See docs/operations.md. Raises ``ValueError`` before
+    ``apply_gradients()``, with ``prompt_stop=False`` or a bad timeout."""
+    runner = self.get_chief_queue_runner()  # Raises before the build.
+    return _saves.SavePauseListener(runner, timeout_secs)
 
   def make_session_run_hook(self, is_chief, num_tokens=-1):
     """Creates a hook to handle SyncReplicasHook ops such as initialization.

@@ -44,6 +44,7 @@ TESTS = ROOT / "tests"
 EXPECTED = {  # file: (seconds, threads)
     "test_bad_input.py": (15, 810),
     "test_bench_tool.py": (60, 10),
+    "test_checkpoint_saves.py": (15, 700),
     "test_cluster.py": (1, 270),
     "test_confine.py": (60, 10),
     "test_deadline.py": (8, 730),
@@ -63,7 +64,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_reads.py": (15, 290),
     "test_real_scripts.py": (120, 10),
     "test_recovery.py": (90, 10),
-    "test_restart.py": (10, 1430),
+    "test_restart.py": (12, 1700),
     "test_scale_tool.py": (45, 10),
     "test_shutdown.py": (35, 1860),
     "test_snapshot.py": (45, 10),

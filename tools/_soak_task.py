@@ -180,9 +180,13 @@ def _train(task, server, spec):
     config = _task.session_config(task, op_timeout_ms=spec["op_timeout_ms"])
     chief_hooks = []
     if task.is_chief:
+      listeners = [_Checkpoints(spec["checkpoint_dir"], replicas)]
+      if spec["save_pause"]:
+        # First: every save waits for the update being applied, if any.
+        listeners.insert(0, opt.make_checkpoint_saver_listener())
       chief_hooks.append(tf.compat.v1.train.CheckpointSaverHook(
           spec["checkpoint_dir"], save_steps=spec["checkpoint_steps"],
-          listeners=[_Checkpoints(spec["checkpoint_dir"], replicas)]))
+          listeners=listeners))
     else:
       _task.wait_for_chief(server.target, opt.ready_for_local_init_op, config)
     session_kwargs = dict(
