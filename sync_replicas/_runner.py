@@ -54,6 +54,7 @@ import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _diagnose
+from sync_replicas import _saves
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
@@ -63,8 +64,6 @@ LOCAL_POLL_SECS = 0.002
 #: Bound on closing the token queue at stop: a ps that died (the usual reason
 #: for a recovery close) must not hold the chief's close for long.
 CLOSE_QUEUE_TIMEOUT_MS = 5000
-#: How often a loop waiting for a save to end checks for a stop, in seconds.
-UPDATE_WAIT_SECS = 0.1
 #: How often the remote runner checks whether the chief's own session was
 #: closed without a stop request, in seconds.
 SESSION_CHECK_SECS = 0.5
@@ -87,6 +86,28 @@ def _recovering(coord):
   return False
 
 
+class ChiefRunState:
+  """What the chief's hook saw of its session's runs, for the runner's stop.
+
+  ``in_run``: a run began and neither returned nor raised into the hook's
+  ``after_run`` yet; ``ended``: the hook's ``end()`` ran, which
+  MonitoredSession does only when training ends, never when it recreates
+  the session after an error in a run.
+  """
+
+  def __init__(self):
+    self.in_run = False
+    self.ended = False
+
+
+def _holds_error(coord):
+  try:
+    coord.raise_requested_exception()
+  except Exception:  # pylint: disable=broad-except
+    return True
+  return False
+
+
 class BlockingLoop:
   """Stock's loop: run the sync op, whose takes block until enough arrived.
 
@@ -101,7 +122,7 @@ class BlockingLoop:
   by_deadline = None
 
   def run_remote(self, runner, sess, coord):
-    if runner.pauses_for_saves:
+    if runner.updates.pauses_for_saves:
       # A save may hold the updates back (make_checkpoint_saver_listener):
       # the op then runs only once it cannot block, as in process, so that
       # it never waits for gradients while it keeps a save waiting.
@@ -116,7 +137,7 @@ class BlockingLoop:
     run_sync = sess.make_callable(runner.sync_op)
     while not coord.should_stop():
       if is_ready():
-        runner.run_update(coord, run_sync)
+        runner.updates.run(coord, run_sync)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
 
@@ -167,14 +188,14 @@ class DeadlineLoop:
       have = min(counts)
       waited = runner.clock() - last_update
       if have >= full:
-        runner.run_update(coord, run_sync, full)
+        runner.updates.run(coord, run_sync, full)
       elif have >= self.min_replicas and waited >= self.secs:
         _LOG.info(
             "sync_replicas: no full update for %.2f s "
             "(aggregation_deadline_secs=%s): update to step %d goes ahead "
             "with %d of replicas_to_aggregate=%d gradients", waited,
             self.secs, int(step) + 1, have, full)
-        runner.run_update(coord, run_sync, have)
+        runner.updates.run(coord, run_sync, have)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
@@ -214,57 +235,31 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self._stall_timeout_secs = stall_timeout_secs
     self._running = set()  # Sessions with live threads, as stock tracks.
     self._guard = threading.Lock()
-    # Held while an update is applied, and by a checkpoint save once
-    # pause_for_saves() was called: no save sees half an update.
-    self._updates = threading.Lock()
-    self._pauses_for_saves = False
+    self._run_states = {}  # Session -> its hook's ChiefRunState.
+    # Held while an update is applied, and by a checkpoint save once a
+    # checkpoint listener exists: no save sees half an update.
+    self.updates = _saves.UpdateLock(prompt_stop=prompt_stop)
 
   @property
   def prompt_stop(self):
     return self._prompt_stop
 
-  # ------------------------------------------------------- saves and updates
+  def follow_runs(self, sess, run_state):
+    """The hook's view of ``sess``'s runs, read when its threads stop.
 
-  @property
-  def pauses_for_saves(self):
-    """Whether checkpoint saves hold updates back (``pause_for_saves``)."""
-    return self._pauses_for_saves
-
-  def pause_for_saves(self):
-    """From now on the loop runs the sync op only when it cannot block.
-
-    Called by the checkpoint listener's maker, before the threads start:
-    the listener's ``hold_updates`` then never waits for a blocked take.
-    Stock's threads (``prompt_stop=False``) cannot hold anything back.
+    Call before ``create_threads(sess, ...)``. Without it (Supervisor, a
+    plain session) the stop decides as before: see the module doc.
     """
-    if not self._prompt_stop:
-      raise ValueError(
-          "make_checkpoint_saver_listener() needs the chief's prompt-stop "
-          "loop, and this optimizer was built with prompt_stop=False "
-          "(stock's QueueRunner threads, which nothing can pause). Build it "
-          "with prompt_stop=True (the default) to pause updates for saves.")
-    self._pauses_for_saves = True
+    with self._guard:
+      self._run_states[sess] = run_state
 
-  def hold_updates(self, timeout_secs):
-    """Waits for the update being applied, if any, and holds the next.
-
-    Returns False if that took longer than ``timeout_secs`` (then nothing
-    is held).
-    """
-    return self._updates.acquire(timeout=timeout_secs)
-
-  def release_updates(self):
-    self._updates.release()
-
-  def run_update(self, coord, run_sync, *args):
-    """``run_sync(*args)`` unless a save holds the updates until a stop."""
-    while not self._updates.acquire(timeout=UPDATE_WAIT_SECS):
-      if coord.should_stop():
-        return
-    try:
-      run_sync(*args)
-    finally:
-      self._updates.release()
+  def _stopped_in_a_run(self, sess, coord):
+    """A stop with no error and no ``end()`` while a run was in flight:
+    MonitoredSession recovering from that run's error."""
+    with self._guard:
+      state = self._run_states.pop(sess, None)
+    return (state is not None and state.in_run and not state.ended
+            and not _holds_error(coord))
 
   def create_threads(self, sess, coord=None, daemon=False, start=False):
     """Creates (and optionally starts) the chief's threads for ``sess``.
@@ -376,6 +371,14 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
                 "that recovers")
+      runner_sess.close()
+      return
+    if self._stopped_in_a_run(sess, coord):
+      # The stop carries no error, and every ps may be readable again: only
+      # the hook can tell this from the end of training.
+      _LOG.info("sync_replicas: the chief's session stops on an error in a "
+                "run, not at the end of training: the token queue stays "
+                "open for the session (or chief) that recovers")
       runner_sess.close()
       return
     try:

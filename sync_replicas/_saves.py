@@ -23,6 +23,7 @@ blocked on a restarted ps can hold it longer), then goes ahead and says so.
 
 import logging
 import numbers
+import threading
 
 import tensorflow as tf
 
@@ -30,6 +31,62 @@ _LOG = logging.getLogger("sync_replicas")
 
 #: How long a save waits for the update being applied, by default.
 DEFAULT_TIMEOUT_SECS = 10.0
+#: How often a loop waiting for a save to end checks for a stop, in seconds.
+UPDATE_WAIT_SECS = 0.1
+
+
+class UpdateLock:
+  """The lock the chief's updates and its checkpoint saves share.
+
+  Owned by the chief's runner (``SyncQueueRunner.updates``): its loops run
+  each sync op through ``run``; the listener holds it for a save.
+  """
+
+  def __init__(self, *, prompt_stop):
+    self._lock = threading.Lock()
+    self._prompt_stop = prompt_stop
+    self._pauses_for_saves = False
+
+  @property
+  def pauses_for_saves(self):
+    """Whether saves hold updates back (a listener exists)."""
+    return self._pauses_for_saves
+
+  def pause_for_saves(self):
+    """From now on the loop runs the sync op only when it cannot block.
+
+    Called by the listener, before the runner's threads start: a save then
+    never waits for a take blocked on gradients. Stock's threads
+    (``prompt_stop=False``) cannot hold anything back.
+    """
+    if not self._prompt_stop:
+      raise ValueError(
+          "make_checkpoint_saver_listener() needs the chief's prompt-stop "
+          "loop, and this optimizer was built with prompt_stop=False "
+          "(stock's QueueRunner threads, which nothing can pause). Build it "
+          "with prompt_stop=True (the default) to pause updates for saves.")
+    self._pauses_for_saves = True
+
+  def hold(self, timeout_secs):
+    """Waits for the update being applied, if any, and holds the next.
+
+    Returns False if that took longer than ``timeout_secs`` (then nothing
+    is held).
+    """
+    return self._lock.acquire(timeout=timeout_secs)
+
+  def release(self):
+    self._lock.release()
+
+  def run(self, coord, run_sync, *args):
+    """``run_sync(*args)`` unless a save holds the updates until a stop."""
+    while not self._lock.acquire(timeout=UPDATE_WAIT_SECS):
+      if coord.should_stop():
+        return
+    try:
+      run_sync(*args)
+    finally:
+      self._lock.release()
 
 
 def check_timeout(timeout_secs):
@@ -49,15 +106,15 @@ class SavePauseListener(tf.compat.v1.train.CheckpointSaverListener):
   that later listeners' ``before_save`` already run under it.
 
   Args:
-    runner: The optimizer's chief queue runner (``SyncQueueRunner``); it
-      is switched to its non-blocking loop here, before its threads start.
+    updates: The chief runner's ``UpdateLock``; its loop is switched to
+      the non-blocking one here, before its threads start.
     timeout_secs: How long a save waits for the update being applied.
   """
 
-  def __init__(self, runner, timeout_secs):
+  def __init__(self, updates, timeout_secs):
     check_timeout(timeout_secs)
-    runner.pause_for_saves()
-    self._runner = runner
+    updates.pause_for_saves()
+    self._updates = updates
     self._timeout_secs = float(timeout_secs)
     self._held = False
 
@@ -68,7 +125,7 @@ class SavePauseListener(tf.compat.v1.train.CheckpointSaverListener):
       # MonitoredSession recovers from): the lock is still ours, and this
       # save, the new session's first, releases it.
       return
-    self._held = self._runner.hold_updates(self._timeout_secs)
+    self._held = self._updates.hold(self._timeout_secs)
     if not self._held:
       _LOG.warning(
           "sync_replicas: the update being applied did not finish within "
@@ -88,4 +145,4 @@ class SavePauseListener(tf.compat.v1.train.CheckpointSaverListener):
   def _release(self):
     if self._held:
       self._held = False
-      self._runner.release_updates()
+      self._updates.release()

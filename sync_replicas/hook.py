@@ -11,6 +11,7 @@ statistics to every ``statistics_log_steps``-th run and logs them.
 import tensorflow as tf
 
 from sync_replicas import _compat
+from sync_replicas import _runner
 from sync_replicas import _stats
 from sync_replicas import errors
 
@@ -47,6 +48,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._q_runner = None
     self._init_tokens_op = None
     self._stats_logger = None
+    # The chief's runs, for its runner's stop: recovery or end of training.
+    self._run_state = None
 
   @property
   def is_chief(self):
@@ -89,15 +92,29 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     if self._init_tokens_op is not None:
       session.run(self._init_tokens_op)
     if self._q_runner is not None:
+      self._run_state = _runner.ChiefRunState()
+      self._q_runner.follow_runs(session, self._run_state)
       self._q_runner.create_threads(
           session, coord=coord, daemon=True, start=True)
 
   def before_run(self, run_context):
     del run_context  # Fetches only; the run itself is the user's.
+    if self._run_state is not None:
+      self._run_state.in_run = True
     fetches = self._stats_logger.fetches() if self._stats_logger else None
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
     del run_context
+    if self._run_state is not None:
+      self._run_state.in_run = False
     if self._stats_logger is not None and run_values.results:
       self._stats_logger.log(run_values.results)
+
+  def end(self, session):
+    """MonitoredSession calls it only when training ends, never when it
+    recreates the session after an error in a run: the chief's runner then
+    closes the token queue (workers end), and otherwise keeps it open."""
+    del session
+    if self._run_state is not None:
+      self._run_state.ended = True

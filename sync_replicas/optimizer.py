@@ -330,7 +330,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     See docs/operations.md. Raises ``ValueError`` before
     ``apply_gradients()``, with ``prompt_stop=False`` or a bad timeout."""
     runner = self.get_chief_queue_runner()  # Raises before the build.
-    return _saves.SavePauseListener(runner, timeout_secs)
+    return _saves.SavePauseListener(runner.updates, timeout_secs)
 
   def make_session_run_hook(self, is_chief, num_tokens=-1):
     """Creates a hook to handle SyncReplicasHook ops such as initialization.

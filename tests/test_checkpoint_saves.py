@@ -119,14 +119,14 @@ def test_a_save_waits_at_most_its_timeout_and_then_says_so(caplog):
     runner = model.opt.get_chief_queue_runner()
     listener = model.opt.make_checkpoint_saver_listener(timeout_secs=0.3)
     sess, coord, threads = _chief_session(model, cluster)
-    assert runner.hold_updates(1)  # As an update stuck mid-apply would.
+    assert runner.updates.hold(1)  # As an update stuck mid-apply would.
     with caplog.at_level(logging.WARNING, logger="sync_replicas"):
       listener.before_save(sess, 7)
     assert any("did not finish within 0.3 s before the save at global step 7"
                in r.getMessage() for r in caplog.records)
     listener.after_save(sess, 7)  # Releases nothing it did not hold.
-    assert not runner.hold_updates(0.05)
-    runner.release_updates()
+    assert not runner.updates.hold(0.05)
+    runner.updates.release()
     _close(sess, coord, threads)
   except BaseException:
     SHARED.discard()
@@ -148,8 +148,8 @@ def test_a_save_that_never_ended_is_released_by_the_next_one():
     done.start()
     done.finish(timeout=5)  # Not the 30 s timeout: it is already held.
     listener.after_save(sess, 0)
-    assert runner.hold_updates(5)  # Free again.
-    runner.release_updates()
+    assert runner.updates.hold(5)  # Free again.
+    runner.updates.release()
     _close(sess, coord, threads)
   except BaseException:
     SHARED.discard()

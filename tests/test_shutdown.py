@@ -233,3 +233,40 @@ def test_a_stop_with_an_error_the_session_recovers_from_keeps_the_queue_open(
       # keeps sys.exc_info()).
       coord.request_stop(e)
   assert _runner._recovering(coord) is recovering  # pylint: disable=protected-access
+
+
+class _AbortOnce(tf.compat.v1.train.SessionRunHook):
+  """Raises AbortedError from the run after ``at`` runs, once, as a run
+  whose ps restarted does; listed first, so no later hook's after_run runs
+  (as when the run itself raised)."""
+
+  def __init__(self, at):
+    self._at, self._runs, self.raised = at, 0, False
+
+  def after_run(self, run_context, run_values):
+    del run_context, run_values
+    self._runs += 1
+    if self._runs == self._at and not self.raised:
+      self.raised = True
+      raise tf.errors.AbortedError(None, None, "a ps restarted (test)")
+
+
+def test_a_recovery_from_an_error_in_a_run_keeps_the_token_queue_open():
+  # MonitoredSession recreates its session for an AbortedError raised by a
+  # run; the coordinator's stop then carries no error and every ps is
+  # readable. The runner closed the token queue on that stop (the gap left
+  # open in docs/operations-soak.md, fault 1): the new session's init tokens
+  # then went into a closed queue and training ended there.
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
+  abort = _AbortOnce(at=3)
+  with chief.graph.as_default():
+    stop = tf.compat.v1.train.StopAtStepHook(last_step=10)
+    with support.monitored_session(
+        chief.target, is_chief=True,
+        hooks=[abort, chief.hook, stop]) as sess:
+      step = 0
+      while not sess.should_stop():
+        _, step = sess.run([chief.train_op, chief.global_step])
+  assert abort.raised
+  assert step >= 9  # Read before the run's update: the last one is 10.
