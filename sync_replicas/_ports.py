@@ -4,10 +4,17 @@ Kept free of TensorFlow (and of the package's ``__init__``) so that
 ``tools/launch`` can load this file directly and start in milliseconds.
 """
 
+import os
 import random
 import socket
 
 LOOPBACK = "127.0.0.1"
+#: ``LOW-HIGH`` (HIGH excluded): where ``free_ports`` draws from, when set.
+#: tools/test gives each pytest process it runs side by side a range of its
+#: own, so that two of them never pick the same port in the window before a
+#: server binds it (CI once lost a real-script test to that: "Could not
+#: start gRPC server" for a port another process had just drawn too).
+PORT_RANGE_ENV = "SYNC_REPLICAS_PORT_RANGE"
 
 
 def _ephemeral_range():
@@ -20,6 +27,29 @@ def _ephemeral_range():
     return 32768, 60999  # Linux's default.
 
 
+def draw_range():
+  """``(low, high)``: where free ports are drawn from, high excluded.
+
+  Below the ephemeral range (see ``free_ports``), or ``PORT_RANGE_ENV``'s
+  range when it is set.
+  """
+  ephemeral_low, _ = _ephemeral_range()
+  floor = 10000 if ephemeral_low > 12000 else 1024
+  value = os.environ.get(PORT_RANGE_ENV)
+  if not value:
+    return floor, ephemeral_low
+  try:
+    low, high = (int(x) for x in value.split("-"))
+  except ValueError:
+    low = high = None
+  if low is None or not 1024 <= low < high <= 65536:
+    raise ValueError(
+        "%s must be LOW-HIGH with 1024 <= LOW < HIGH <= 65536, got %r; "
+        "unset it to draw from [%d, %d)" % (PORT_RANGE_ENV, value, floor,
+                                            ephemeral_low))
+  return low, high
+
+
 def free_ports(count, *, rng=None):
   """Returns ``count`` distinct TCP ports that are free on 127.0.0.1 now.
 
@@ -30,8 +60,7 @@ def free_ports(count, *, rng=None):
   at random from below that range, where only explicit binds land.
   """
   rng = rng or random.SystemRandom()
-  low, _ = _ephemeral_range()
-  floor = 10000 if low > 12000 else 1024
+  floor, low = draw_range()
   chosen = []
   for _ in range(count * 200):
     if len(chosen) == count:

@@ -28,3 +28,17 @@ def test_local_cluster_names_loopback_tasks():
   for address in spec["ps"] + spec["worker"]:
     assert address.startswith("127.0.0.1:")
   assert cluster.worker_targets == ["grpc://" + a for a in spec["worker"]]
+
+
+def test_free_ports_keep_to_the_range_a_parallel_test_process_was_given(
+    monkeypatch):
+  # tools/test gives each pytest process it runs side by side a range of
+  # its own: two processes never draw the same port before a bind.
+  monkeypatch.setenv(_ports.PORT_RANGE_ENV, "20000-20050")
+  ports = cluster_lib.free_ports(10)
+  assert len(set(ports)) == 10 and all(20000 <= p < 20050 for p in ports)
+  for bad in ("20000", "a-b", "20050-20000", "80-90"):
+    monkeypatch.setenv(_ports.PORT_RANGE_ENV, bad)
+    with pytest.raises(ValueError, match="SYNC_REPLICAS_PORT_RANGE must be "
+                                         "LOW-HIGH with 1024 <= LOW < HIGH"):
+      cluster_lib.free_ports(1)

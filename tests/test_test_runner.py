@@ -109,3 +109,27 @@ def test_machine_busy_seconds_grow_with_work():
     pass
   # This process alone was busy 0.3 s; the clock ticks at 1/100 s.
   assert _run_tests.machine_busy_secs() - before >= 0.25
+
+
+def test_every_process_draws_ports_from_a_range_of_its_own(tmp_path, expected,
+                                                           monkeypatch):
+  # CI lost a real-script test when two pytest processes running side by
+  # side drew the same free port before either bound it.
+  monkeypatch.delenv(_run_tests.PORT_RANGE_ENV, raising=False)
+  expected.update({"test_%d.py" % i: (_run_tests.ALONE_SECS + i, 10)
+                   for i in range(5)})
+  _files(tmp_path, sorted(expected))
+
+  class Args:
+    quick = False
+    jobs = 4
+
+  monkeypatch.setattr(_run_tests, "TESTS", tmp_path)
+  jobs = _run_tests.make_jobs(Args, [], tmp_path)
+  ranges = sorted(j.ports for j in jobs)
+  assert len(ranges) == 5
+  low, high = _run_tests.draw_port_range()
+  assert ranges[0][0] >= low and ranges[-1][1] <= high
+  for (_, end), (start, _) in zip(ranges, ranges[1:]):
+    assert end <= start  # Disjoint.
+  assert all(b - a >= 100 for a, b in ranges)

@@ -22,6 +22,7 @@ machine past its thread limit.
 """
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import re
@@ -34,6 +35,20 @@ import xml.etree.ElementTree as ET
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
+
+
+def _load_ports():
+  """sync_replicas/_ports.py alone: the package's __init__ imports TF."""
+  spec = importlib.util.spec_from_file_location(
+      "_sync_replicas_ports", ROOT / "sync_replicas" / "_ports.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_PORTS = _load_ports()
+PORT_RANGE_ENV = _PORTS.PORT_RANGE_ENV
+draw_port_range = _PORTS.draw_range
 
 # What each file costs on its own, measured: seconds of pytest time on a
 # quiet 2-core machine (TensorFlow 2.21, without the ~5 s import) and the
@@ -118,6 +133,8 @@ class Job:
     self.cmd = [sys.executable, "-m", "pytest", *pytest_args,
                 "--junitxml=%s" % self.xml, *[str(f) for f in files]]
     self.proc = None
+    # (low, high): the ports its tests draw from, none another job draws.
+    self.ports = None
     self.start = self.end = None
     self.peak_threads = 0
     self.cpu_secs = 0.0
@@ -129,11 +146,14 @@ class Job:
 
   def launch(self):
     self.start = time.monotonic()
+    env = dict(os.environ)
+    if self.ports is not None:
+      env[PORT_RANGE_ENV] = "%d-%d" % self.ports
     with open(self.log, "wb") as out:
       # Its own session: a kill reaches pytest and whatever it started in
       # its group.
       self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=out,
-                                   stderr=subprocess.STDOUT,
+                                   stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
 
   def threads(self):
@@ -249,6 +269,12 @@ def make_jobs(args, pytest_args, tmp):
             "group %d" % (sum(len(j.files) > 1 for j in jobs) + 1))
     jobs.append(Job(name, sorted(group), pytest_args, tmp))
   jobs.sort(key=lambda j: -j.expected_secs)
+  # Disjoint port ranges: processes running side by side never draw the
+  # same port between the check that it is free and the server's bind.
+  low, high = draw_port_range()
+  size = (high - low) // max(len(jobs), 1)
+  for i, job in enumerate(jobs):
+    job.ports = (low + i * size, low + (i + 1) * size)
   return jobs
 
 
