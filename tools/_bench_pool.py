@@ -8,7 +8,6 @@ tools/_bench_protocol.py. No TensorFlow here: the driver stays light, and
 TensorFlow's import, seconds per process, is paid once per task.
 """
 
-import importlib.util
 import os
 import pathlib
 import selectors
@@ -18,21 +17,14 @@ import sys
 import time
 
 import _bench_protocol as protocol
+import _by_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = ROOT / "tools" / "_bench_task.py"
 
 
-def _load_ports_module():
-  """sync_replicas/_ports.py by path: the driver needs no TensorFlow."""
-  spec = importlib.util.spec_from_file_location(
-      "_sync_replicas_ports", ROOT / "sync_replicas" / "_ports.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-free_ports = _load_ports_module().free_ports
+# The driver needs no TensorFlow: the ports module is loaded by its path.
+free_ports = _by_path.ports().free_ports
 
 
 class RunError(RuntimeError):

@@ -22,7 +22,6 @@ machine past its thread limit.
 """
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import re
@@ -33,20 +32,14 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
+import _by_path
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 
 
-def _load_ports():
-  """sync_replicas/_ports.py alone: the package's __init__ imports TF."""
-  spec = importlib.util.spec_from_file_location(
-      "_sync_replicas_ports", ROOT / "sync_replicas" / "_ports.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-_PORTS = _load_ports()
+# The scheduler needs no TensorFlow: the ports module is loaded by its path.
+_PORTS = _by_path.ports()
 PORT_RANGE_ENV = _PORTS.PORT_RANGE_ENV
 draw_port_range = _PORTS.draw_range
 
