@@ -108,20 +108,21 @@ class Generations:
     """
     return self.encode(global_step)
 
-  def chief_local_step_op(self, local_step, global_step, *, after):
-    """The chief's local step once its start moved the generation, or None.
+  def chief_local_step_ops(self, local_step, global_step, *, after):
+    """The chief's local step once its start moved the generation: one op,
+    or none for int32 steps (no generation).
 
     ``local_step_init_op`` (part of ``chief_init_op``) may read the
     generation before this start's ``start_op`` ran; this sets it again,
     after it, so the chief's first push is fresh too.
     """
     if not self.enabled:
-      return None
+      return []
     with tf.control_dependencies([self.start_op] + list(after)):
       value = self.encode(global_step)
     with tf.compat.v1.name_scope(self._scope):
-      return tf.compat.v1.assign(local_step, value,
-                                 name="chief_local_step").op
+      return [tf.compat.v1.assign(local_step, value,
+                                  name="chief_local_step").op]
 
   def drain_tokens_op(self, token_queue):
     """Empties the token queue once the generation moved past 0.

@@ -69,21 +69,28 @@ CLOSE_QUEUE_TIMEOUT_MS = 5000
 SESSION_CHECK_SECS = 0.5
 
 
+def _requested_error(coord):
+  """The error ``coord`` was stopped with, or None."""
+  try:
+    coord.raise_requested_exception()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+  return None
+
+
 def _recovering(coord):
   """Whether ``coord`` was stopped with an error a new session recovers from.
 
   That includes a restart TensorFlow reports as a CancelledError
   (``errors.is_recoverable_error``): MonitoredSession then ends the
   process rather than recovering, and the chief that restarts needs the
-  token queue open as much as a recreated session does. CI (2.15) saw the other test miss this: ps 1 restarted, ps 0's channel to
-  it still backing off, the runner's take failed with UnavailableError,
-  and by the stop every accumulator was readable again from the chief.
+  token queue open as much as a recreated session does. CI (2.15) saw a
+  stop of this kind: ps 1 restarted, ps 0's channel to it still backing
+  off, the runner's take failed with UnavailableError, and by the stop
+  every accumulator was readable again from the chief.
   """
-  try:
-    coord.raise_requested_exception()
-  except Exception as e:  # pylint: disable=broad-except
-    return errors.is_recoverable_error(e)
-  return False
+  error = _requested_error(coord)
+  return error is not None and errors.is_recoverable_error(error)
 
 
 class ChiefRunState:
@@ -98,14 +105,6 @@ class ChiefRunState:
   def __init__(self):
     self.in_run = False
     self.ended = False
-
-
-def _holds_error(coord):
-  try:
-    coord.raise_requested_exception()
-  except Exception:  # pylint: disable=broad-except
-    return True
-  return False
 
 
 class BlockingLoop:
@@ -253,13 +252,17 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     with self._guard:
       self._run_states[sess] = run_state
 
+  def _forget_runs(self, sess):
+    """``sess``'s run state (None without a hook), no longer kept."""
+    with self._guard:
+      return self._run_states.pop(sess, None)
+
   def _stopped_in_a_run(self, sess, coord):
     """A stop with no error and no ``end()`` while a run was in flight:
-    MonitoredSession recovering from that run's error."""
-    with self._guard:
-      state = self._run_states.pop(sess, None)
+    MonitoredSession recovering from that run's error. Forgets ``sess``."""
+    state = self._forget_runs(sess)
     return (state is not None and state.in_run and not state.ended
-            and not _holds_error(coord))
+            and _requested_error(coord) is None)
 
   def create_threads(self, sess, coord=None, daemon=False, start=False):
     """Creates (and optionally starts) the chief's threads for ``sess``.
@@ -356,6 +359,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       if _compat.session_closed(sess):
         _LOG.debug("the chief's session closed without a stop request: "
                     "closing the sync loop's session too")
+        self._forget_runs(sess)
         runner_sess.close()
         return
     # Tokens first: workers waiting for one end now instead of at the op
@@ -367,13 +371,15 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # enqueue its tokens (issue 20). Such a stop carries an error
     # MonitoredSession recovers from, or leaves a ps task unreachable or
     # restarted (its accumulators unreadable on this session).
+    # Asked first, so that every stop forgets the session's run state.
+    in_a_run = self._stopped_in_a_run(sess, coord)
     if _recovering(coord):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
                 "that recovers")
       runner_sess.close()
       return
-    if self._stopped_in_a_run(sess, coord):
+    if in_a_run:
       # The stop carries no error, and every ps may be readable again: only
       # the hook can tell this from the end of training.
       _LOG.info("sync_replicas: the chief's session stops on an error in a "

@@ -498,11 +498,11 @@ class _Build:
 
   def chief_init_op(self):
     """The chief's local init: local step, accumulators, restart state."""
-    chief_local_step = self.generations.chief_local_step_op(
-        self.local_step, self.global_step, after=[self.local_step_init_op])
     self.chief_init = tf.group(
         self.local_step_init_op,
-        *[op for op in [chief_local_step] if op is not None],
+        *self.generations.chief_local_step_ops(
+            self.local_step, self.global_step,
+            after=[self.local_step_init_op]),
         *_accumulators.set_global_step_ops(
             self.routes.accumulators, self.global_step,
             generations=self.generations, after=self.generations.start_op,

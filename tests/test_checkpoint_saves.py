@@ -10,6 +10,7 @@ it adds nothing to the graph, and, side by side with stock on the same
 schedule, that saves under it are whole where stock's tear.
 """
 
+import contextlib
 import logging
 import threading
 
@@ -70,33 +71,37 @@ def test_the_listener_adds_no_op_and_refuses_what_it_cannot_pause():
     stock_loop.opt.make_checkpoint_saver_listener()
 
 
-def _chief_session(model, cluster):
-  """A plain chief session, initialized, with the runner's threads."""
-  sess = tf.compat.v1.Session(cluster.worker_targets[0], graph=model.graph,
-                              config=support.session_config(20_000))
-  with model.graph.as_default():
-    sess.run([tf.compat.v1.global_variables_initializer(),
-              tf.compat.v1.local_variables_initializer()])
-    sess.run(model.opt.chief_init_op)
-    sess.run(model.opt.get_init_tokens_op())
-  coord = tf.compat.v1.train.Coordinator()
-  threads = model.opt.get_chief_queue_runner().create_threads(
-      sess, coord=coord, daemon=True, start=True)
-  return sess, coord, threads
-
-
-def _close(sess, coord, threads):
-  coord.request_stop()
-  coord.join(threads, stop_grace_period_secs=20)
-  sess.close()
-
-
-def test_a_save_holds_back_an_update_that_has_its_gradients_until_it_ends():
+@contextlib.contextmanager
+def _chief_with_listener(timeout_secs):
+  """A plain chief session on the shared cluster, initialized, with the
+  runner's threads and a listener: yields (model, listener, session,
+  coordinator); stops and closes them after."""
   cluster = SHARED.acquire()
   try:
     model = TwoPsCounters(cluster.worker_targets[0])
-    listener = model.opt.make_checkpoint_saver_listener(timeout_secs=5)
-    sess, coord, threads = _chief_session(model, cluster)
+    listener = model.opt.make_checkpoint_saver_listener(
+        timeout_secs=timeout_secs)
+    sess = tf.compat.v1.Session(cluster.worker_targets[0], graph=model.graph,
+                                config=support.session_config(20_000))
+    with model.graph.as_default():
+      sess.run([tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()])
+      sess.run(model.opt.chief_init_op)
+      sess.run(model.opt.get_init_tokens_op())
+    coord = tf.compat.v1.train.Coordinator()
+    threads = model.opt.get_chief_queue_runner().create_threads(
+        sess, coord=coord, daemon=True, start=True)
+    yield model, listener, sess, coord
+    coord.request_stop()
+    coord.join(threads, stop_grace_period_secs=20)
+    sess.close()
+  except BaseException:
+    SHARED.discard()
+    raise
+
+
+def test_a_save_holds_back_an_update_that_has_its_gradients_until_it_ends():
+  with _chief_with_listener(5) as (model, listener, sess, coord):
     listener.before_save(sess, 0)  # As a save does: updates held.
     sess.run(model.train_op)  # The gradient is in (an init token let it).
     # Bounded, not a speed claim: a full second later the update still
@@ -106,54 +111,34 @@ def test_a_save_holds_back_an_update_that_has_its_gradients_until_it_ends():
     listener.after_save(sess, 0)
     support.wait_until(lambda: sess.run(model.counters) == [1, 1, 1],
                        timeout=20, what="the held update to land")
-    _close(sess, coord, threads)
-  except BaseException:
-    SHARED.discard()
-    raise
 
 
 def test_a_save_waits_at_most_its_timeout_and_then_says_so(caplog):
-  cluster = SHARED.acquire()
-  try:
-    model = TwoPsCounters(cluster.worker_targets[0])
-    runner = model.opt.get_chief_queue_runner()
-    listener = model.opt.make_checkpoint_saver_listener(timeout_secs=0.3)
-    sess, coord, threads = _chief_session(model, cluster)
-    assert runner.updates.hold(1)  # As an update stuck mid-apply would.
+  with _chief_with_listener(0.3) as (model, listener, sess, _):
+    updates = model.opt.get_chief_queue_runner().updates
+    assert updates.hold(1)  # As an update stuck mid-apply would.
     with caplog.at_level(logging.WARNING, logger="sync_replicas"):
       listener.before_save(sess, 7)
     assert any("did not finish within 0.3 s before the save at global step 7"
                in r.getMessage() for r in caplog.records)
     listener.after_save(sess, 7)  # Releases nothing it did not hold.
-    assert not runner.updates.hold(0.05)
-    runner.updates.release()
-    _close(sess, coord, threads)
-  except BaseException:
-    SHARED.discard()
-    raise
+    assert not updates.hold(0.05)
+    updates.release()
 
 
 def test_a_save_that_never_ended_is_released_by_the_next_one():
   # A save that raised (a ps lost mid-save, which MonitoredSession recovers
   # from) never reaches after_save; the recovered session's first save
   # must not wait for the lock its listener still holds.
-  cluster = SHARED.acquire()
-  try:
-    model = TwoPsCounters(cluster.worker_targets[0])
-    runner = model.opt.get_chief_queue_runner()
-    listener = model.opt.make_checkpoint_saver_listener(timeout_secs=30)
-    sess, coord, threads = _chief_session(model, cluster)
+  with _chief_with_listener(30) as (model, listener, sess, _):
     listener.before_save(sess, 0)  # ... and the save raised.
     done = support.BoundedThread(listener.before_save, sess, 0, name="save")
     done.start()
     done.finish(timeout=5)  # Not the 30 s timeout: it is already held.
     listener.after_save(sess, 0)
-    assert runner.updates.hold(5)  # Free again.
-    runner.updates.release()
-    _close(sess, coord, threads)
-  except BaseException:
-    SHARED.discard()
-    raise
+    updates = model.opt.get_chief_queue_runner().updates
+    assert updates.hold(5)  # Free again.
+    updates.release()
 
 
 def _whole(path):
