@@ -234,6 +234,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self._stall_timeout_secs = stall_timeout_secs
     self._running = set()  # Sessions with live threads, as stock tracks.
     self._guard = threading.Lock()
+    self._finished = threading.Condition(self._guard)
     self._run_states = {}  # Session -> its hook's ChiefRunState.
     # Held while an update is applied, and by a checkpoint save once a
     # checkpoint listener exists: no save sees half an update.
@@ -329,6 +330,21 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   def _finish(self, sess):
     with self._guard:
       self._running.discard(sess)
+      self._finished.notify_all()
+
+  def wait_for_earlier_sessions(self, timeout_secs):
+    """Waits until no earlier session's sync loop still runs; False if
+    ``timeout_secs`` passed first.
+
+    Call before the chief's init on a new session. MonitoredSession stops
+    waiting for the old session's threads after ``stop_grace_period_secs``;
+    if the loop's take were still pending on the ps then, it would be served
+    before the new ``chief_init_op``'s own take (an accumulator serves takes
+    in arrival order), eat that init's gradient and leave the init blocked
+    until the op timeout (seen in CI on a loaded machine).
+    """
+    with self._guard:
+      return self._finished.wait_for(lambda: not self._running, timeout_secs)
 
   def _stopping(self, coord):
     return coord.should_stop()

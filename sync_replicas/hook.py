@@ -8,12 +8,22 @@ public accessors. With the optimizer's ``statistics``, it also adds the
 statistics to every ``statistics_log_steps``-th run and logs them.
 """
 
+import logging
+
 import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _runner
 from sync_replicas import _stats
 from sync_replicas import errors
+
+_LOG = logging.getLogger(__name__)
+
+#: How long a recreated chief session waits for the previous session's sync
+#: loop to end (``SyncQueueRunner.wait_for_earlier_sessions``), in seconds.
+#: It ends once its own session closed, a few seconds at most even with a
+#: ps unreachable (the token queue's close is bounded at 5 s).
+EARLIER_LOOP_TIMEOUT_SECS = 30
 
 
 class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
@@ -80,6 +90,12 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
 
   def after_create_session(self, session, coord):
     """Runs SyncReplicasOptimizer initialization ops."""
+    if self._q_runner is not None and not (
+        self._q_runner.wait_for_earlier_sessions(EARLIER_LOOP_TIMEOUT_SECS)):
+      _LOG.warning(
+          "sync_replicas: the sync loop of the chief's previous session is "
+          "still running after %d s; the chief's init may wait for its take",
+          EARLIER_LOOP_TIMEOUT_SECS)
     ready, msg = _compat.check_ready(
         self._ready_for_local_init_op, session,
         "Model is not ready for SyncReplicasOptimizer local init.")

@@ -251,22 +251,79 @@ class _AbortOnce(tf.compat.v1.train.SessionRunHook):
       raise tf.errors.AbortedError(None, None, "a ps restarted (test)")
 
 
+def _train_through_one_abort(cls, *, timeout_ms=support.OP_TIMEOUT_MS):
+  """The chief alone, recovering once from an AbortedError; its last step."""
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  chief = support.LinearWorker(cls, cluster, 0, replicas=1, total=1)
+  abort = _AbortOnce(at=3)
+  with chief.graph.as_default():
+    stop = tf.compat.v1.train.StopAtStepHook(last_step=10)
+    with support.monitored_session(
+        chief.target, is_chief=True, hooks=[abort, chief.hook, stop],
+        timeout_ms=timeout_ms) as sess:
+      step = 0
+      while not sess.should_stop():
+        _, step = sess.run([chief.train_op, chief.global_step])
+  assert abort.raised
+  return step
+
+
+@pytest.mark.parametrize("cls", [support.STOCK, support.OURS],
+                         ids=["stock", "ours"])
+def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
+    cls, monkeypatch):
+  # MonitoredSession waits stop_grace_period_secs (1 s here) for the old
+  # session's threads, then creates the new session anyway. Our sync loop's
+  # session closes in its own thread: when that took longer (a loaded CI
+  # machine), the loop's take was still pending on the ps when the new
+  # chief_init_op ran; served first, it ate the init's gradient and the init
+  # timed out. The close is made slow here so that the race is certain.
+  # Stock's thread runs on the chief's session (the slow close is of our
+  # loop's own session only); stock cannot recover here at all: its runner
+  # closes the token queue on any stop, and the new session's init tokens
+  # then fail.
+  close = tf.compat.v1.Session.close
+
+  def slow_close(session):
+    if threading.current_thread().name.startswith("SyncQueueRunnerStop"):
+      time.sleep(3)
+    close(session)
+
+  monkeypatch.setattr(tf.compat.v1.Session, "close", slow_close)
+  if cls is support.STOCK:
+    with pytest.raises(tf.errors.CancelledError,
+                       match="'sync_token_q' is closed"):
+      _train_through_one_abort(cls, timeout_ms=10_000)
+    return
+  # Read before the run's update: the last one is 10.
+  assert _train_through_one_abort(cls, timeout_ms=10_000) >= 9
+
+
+def test_waiting_for_earlier_sessions_ends_when_their_loop_ends():
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  # Two replicas to aggregate and nobody pushing: the loop blocks in a take.
+  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=2, total=2)
+  runner = chief.opt.get_chief_queue_runner()
+  with chief.graph.as_default():
+    init = [tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer()]
+  with tf.compat.v1.Session(chief.target, graph=chief.graph,
+                            config=support.session_config()) as sess:
+    sess.run(init)
+    sess.run(chief.opt.chief_init_op)
+    assert runner.wait_for_earlier_sessions(0)  # No loop yet.
+    coord = tf.compat.v1.train.Coordinator()
+    threads = runner.create_threads(sess, coord, daemon=True, start=True)
+    assert not runner.wait_for_earlier_sessions(0.5)
+    coord.request_stop()
+    assert runner.wait_for_earlier_sessions(30), "the loop did not end"
+    coord.join(threads, stop_grace_period_secs=30)
+
+
 def test_a_recovery_from_an_error_in_a_run_keeps_the_token_queue_open():
   # MonitoredSession recreates its session for an AbortedError raised by a
   # run; the coordinator's stop then carries no error and every ps is
   # readable. The runner closed the token queue on that stop (the gap left
   # open in docs/operations-soak.md, fault 1): the new session's init tokens
   # then went into a closed queue and training ended there.
-  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
-  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
-  abort = _AbortOnce(at=3)
-  with chief.graph.as_default():
-    stop = tf.compat.v1.train.StopAtStepHook(last_step=10)
-    with support.monitored_session(
-        chief.target, is_chief=True,
-        hooks=[abort, chief.hook, stop]) as sess:
-      step = 0
-      while not sess.should_stop():
-        _, step = sess.run([chief.train_op, chief.global_step])
-  assert abort.raised
-  assert step >= 9  # Read before the run's update: the last one is 10.
+  assert _train_through_one_abort(support.OURS) >= 9
