@@ -67,6 +67,9 @@ CLOSE_QUEUE_TIMEOUT_MS = 5000
 #: How often the remote runner checks whether the chief's own session was
 #: closed without a stop request, in seconds.
 SESSION_CHECK_SECS = 0.5
+#: How long a blocking run of the sync op must have been under way before its
+#: session is closed (``RunInFlight``), in seconds.
+CANCEL_SETTLE_SECS = 0.25
 
 
 def _requested_error(coord):
@@ -107,6 +110,65 @@ class ChiefRunState:
     self.ended = False
 
 
+class RunInFlight:
+  """When the sync loop's current blocking run began, for the thread that
+  closes the loop's session.
+
+  Closing a session cancels its runs. A ps task hears of the cancel through
+  the RunGraph call's cancel callback, which its worker service sets only
+  once the call's handler got a thread; a cancel that arrives before that is
+  lost, and the take stays pending on the ps with no session behind it. An
+  accumulator serves takes in arrival order, so that orphan is served before
+  every later take, and eats the gradient a restarted chief's init pushes
+  to clear leftovers: the init then waits until the op timeout. A stop
+  right after an update lands in that window (the loop's next take has
+  just gone out): CI saw it in MonitoredSession's recovery, and stopping a
+  loop right after an update orphaned 1 take in 800 here. A run whose call
+  went out long enough ago has its callback set, so the closer waits until
+  the run in flight (if any) is ``CANCEL_SETTLE_SECS`` old.
+  """
+
+  def __init__(self, clock=time.monotonic, sleep=time.sleep):
+    self._clock, self._sleep = clock, sleep
+    self._lock = threading.Lock()
+    self._since = None
+
+  def run(self, fn):
+    """``fn()``, noting when it began until it returns."""
+    with self._lock:
+      self._since = self._clock()
+    try:
+      return fn()
+    finally:
+      with self._lock:
+        self._since = None
+
+  def settle(self, secs):
+    """Returns once no run is in flight or the one in flight is ``secs`` old
+    (at most ``secs`` from now)."""
+    while True:
+      with self._lock:
+        since = self._since
+      if since is None:
+        return
+      left = since + secs - self._clock()
+      if left <= 0:
+        return
+      self._sleep(min(left, 0.01))
+
+
+class _LoopSession:
+  """The sync loop's own session as its closer sees it: closing it first
+  lets the run in flight settle (``RunInFlight``)."""
+
+  def __init__(self, session, in_flight):
+    self._session, self._in_flight = session, in_flight
+
+  def close(self):
+    self._in_flight.settle(CANCEL_SETTLE_SECS)
+    self._session.close()
+
+
 class BlockingLoop:
   """Stock's loop: run the sync op, whose takes block until enough arrived.
 
@@ -120,16 +182,18 @@ class BlockingLoop:
   #: Every update waits for replicas_to_aggregate: none is counted early.
   by_deadline = None
 
-  def run_remote(self, runner, sess, coord):
+  def run_remote(self, runner, sess, coord, in_flight):
     if runner.updates.pauses_for_saves:
       # A save may hold the updates back (make_checkpoint_saver_listener):
       # the op then runs only once it cannot block, as in process, so that
       # it never waits for gradients while it keeps a save waiting.
       self.run_local(runner, sess, coord)
       return
+    # make_callable registers the graph now: each run's calls go out at its
+    # start, so its age is theirs (RunInFlight).
     run_sync = sess.make_callable(runner.sync_op)
     while not coord.should_stop():
-      run_sync()
+      in_flight.run(run_sync)
 
   def run_local(self, runner, sess, coord):
     is_ready = sess.make_callable(runner.status.ready)
@@ -169,7 +233,8 @@ class DeadlineLoop:
     """A bool tensor: the deadline released this update (fewer were fed)."""
     return tf.less(self.num_required, self._full)
 
-  def run_remote(self, runner, sess, coord):
+  def run_remote(self, runner, sess, coord, in_flight):
+    del in_flight  # Its takes never wait: nothing is left pending.
     self._poll(runner, sess, coord)
 
   def run_local(self, runner, sess, coord):
@@ -317,12 +382,14 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                            name="SyncQueueRunnerStop-%s" % self.name)]
     runner_sess = tf.compat.v1.Session(
         sess.sess_str, graph=sess.graph, config=_compat.session_config(sess))
+    in_flight = RunInFlight()
     return [
         threading.Thread(target=self._run_remote,
-                         args=(sess, runner_sess, coord),
+                         args=(sess, runner_sess, coord, in_flight),
                          name="SyncQueueRunner-%s" % self.name),
         threading.Thread(target=self._close_on_stop_remote,
-                         args=(sess, runner_sess, coord),
+                         args=(sess, _LoopSession(runner_sess, in_flight),
+                               coord),
                          name="SyncQueueRunnerStop-%s" % self.name)]
 
   # ---------------------------------------------------------------- loops
@@ -357,9 +424,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       return self.cancel_op
     return [self.cancel_op, self._extra_close_op]
 
-  def _run_remote(self, sess, runner_sess, coord):
+  def _run_remote(self, sess, runner_sess, coord, in_flight):
     try:
-      self._loop.run_remote(self, runner_sess, coord)
+      self._loop.run_remote(self, runner_sess, coord, in_flight)
     except Exception as e:  # pylint: disable=broad-except
       # Closing our session on stop cancels the op: expected, not an error.
       if not self._stopping(coord):

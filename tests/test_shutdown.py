@@ -320,6 +320,47 @@ def test_waiting_for_earlier_sessions_ends_when_their_loop_ends():
     coord.join(threads, stop_grace_period_secs=30)
 
 
+class _FakeClock:
+
+  def __init__(self):
+    self.now = 100.0
+    self.slept = []
+
+  def __call__(self):
+    return self.now
+
+  def sleep(self, secs):
+    self.slept.append(secs)
+    self.now += secs
+
+
+def test_the_close_lets_a_run_that_just_began_settle_first():
+  # A cancel that reaches the ps before the take's call has its cancel
+  # callback is lost, and the take stays pending there (1 in 800 stops
+  # right after an update, measured): the loop's session closes only once
+  # the run in flight is CANCEL_SETTLE_SECS old.
+  clock = _FakeClock()
+  in_flight = _runner.RunInFlight(clock=clock, sleep=clock.sleep)
+  in_flight.settle(1.0)
+  assert not clock.slept  # No run in flight: nothing to wait for.
+
+  def run():
+    clock.now += 0.3  # The closer looks 0.3 s into the run.
+    in_flight.settle(1.0)
+    return clock.now
+
+  assert in_flight.run(run) == pytest.approx(101.0)  # 1 s after it began.
+  assert max(clock.slept) <= 0.01 + 1e-9  # In short naps, not one sleep.
+  clock.slept.clear()
+
+  def old_run():
+    clock.now += 5.0  # Long under way: its cancel callback is set.
+    in_flight.settle(1.0)
+
+  in_flight.run(old_run)
+  assert not clock.slept
+
+
 def test_a_recovery_from_an_error_in_a_run_keeps_the_token_queue_open():
   # MonitoredSession recreates its session for an AbortedError raised by a
   # run; the coordinator's stop then carries no error and every ps is
