@@ -114,6 +114,17 @@ def _train(args, task, server):
       # also enqueues the first tokens and starts the queue runner that
       # applies the averaged gradients.
       hooks.append(opt.make_session_run_hook(task.is_chief))
+    chief_only_hooks, save_steps = None, args.checkpoint_every
+    if sync and task.is_chief:
+      # sync_replicas: the queue runner applies updates in a thread of its
+      # own, so a plain save can catch half of one; the listener holds the
+      # updates back while a save runs. MonitoredTrainingSession's own saver
+      # (which takes no listener) is then off; it still restores from
+      # --logdir.
+      chief_only_hooks = [tf.compat.v1.train.CheckpointSaverHook(
+          args.logdir, save_steps=args.checkpoint_every,
+          listeners=[opt.make_checkpoint_saver_listener()])]
+      save_steps = None
     config = _task.session_config(task)
     delays = np.random.default_rng(1000 + task.replica_index)
     if not task.is_chief:
@@ -126,9 +137,9 @@ def _train(args, task, server):
     runs = 0
     with tf.compat.v1.train.MonitoredTrainingSession(
         master=server.target, is_chief=task.is_chief, hooks=hooks,
-        config=config,
+        chief_only_hooks=chief_only_hooks, config=config,
         checkpoint_dir=args.logdir if task.is_chief else None,
-        save_checkpoint_steps=args.checkpoint_every,
+        save_checkpoint_steps=save_steps,
         save_checkpoint_secs=None,
         save_summaries_steps=args.log_every,
         log_step_count_steps=None,

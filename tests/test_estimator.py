@@ -142,6 +142,52 @@ def test_one_replica_train_returns_promptly(tmp_path, monkeypatch):
       "period" % waited)
 
 
+class _SavedSteps(tf.compat.v1.train.CheckpointSaverListener):
+  """Records the global step of every save its hook made."""
+
+  def __init__(self):
+    self.steps = []
+
+  def after_save(self, session, global_step_value):
+    del session
+    self.steps.append(int(global_step_value))
+
+
+def test_a_saver_hook_with_the_listener_in_training_chief_hooks_saves(
+    tmp_path, monkeypatch):
+  # docs/operations.md's Estimator recipe: the optimizer exists only once
+  # model_fn runs, after train(saving_listeners=...) was called, so the
+  # listener goes in a CheckpointSaverHook that model_fn returns; the
+  # Estimator then adds no saver of its own.
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  sync_opt = support.OURS(tf.compat.v1.train.GradientDescentOptimizer(0.05),
+                          replicas_to_aggregate=1, total_num_replicas=1)
+  saved = _SavedSteps()
+
+  def model_fn(features, labels, mode):
+    spec = _model_fn(sync_opt)(features, labels, mode)
+    saver = tf.compat.v1.train.CheckpointSaverHook(
+        str(tmp_path), save_steps=5,
+        listeners=[sync_opt.make_checkpoint_saver_listener(), saved])
+    return spec._replace(training_chief_hooks=[saver])
+
+  # The RunConfig's defaults would save every 600 s; left on, they must not
+  # add a second saver (the Estimator checks for a CheckpointSaverHook).
+  config = ESTIMATOR.RunConfig(
+      model_dir=str(tmp_path), session_config=support.session_config(),
+      save_summary_steps=STEPS, log_step_count_steps=STEPS)
+  model = ESTIMATOR.Estimator(model_fn=model_fn, config=config)
+  last = _LastStep()
+  model.train(_input_fn(0), max_steps=STEPS,
+              hooks=[sync_opt.make_session_run_hook(True), last])
+  assert time.monotonic() - last.at < PROMPT_SECS
+  # The hook saves when the session starts, every 5 steps, and at the end.
+  assert saved.steps[0] == 0 and saved.steps[-1] == STEPS, saved.steps
+  assert len(saved.steps) >= STEPS // 5, saved.steps
+  assert tf.train.latest_checkpoint(str(tmp_path)).endswith("-%d" % STEPS)
+  assert model.get_variable_value("global_step") == STEPS
+
+
 # Stock's queue-runner thread dies by the session's close with a
 # CancelledError traceback: its known behaviour, not this test's failure.
 @pytest.mark.filterwarnings(
