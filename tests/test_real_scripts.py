@@ -56,6 +56,10 @@ TRAIN_SECS = 150
 #: A chief exiting later than this after the last worker did waited for a
 #: grace period (stock's is 120 s).
 PROMPT_SECS = 20
+#: No task outlives this, even if pytest dies before the Cluster kills it: a
+#: ps of these scripts serves until it is killed (``server.join()``), which
+#: would keep its port and threads for good. The longest test's timeout.
+TASK_LIFETIME_SECS = 900
 #: How long stock's chief is shown still alive after the others exited.
 LINGER_SECS = 10
 LN10 = math.log(10)
@@ -71,8 +75,12 @@ class Task:
                TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(SCRIPTS)]))
     with open(self.log, "wb") as out:
+      # coreutils' timeout stays in the task's process group: a kill of the
+      # group (kill_group, signal) reaches both; it exits with the task's
+      # code.
       self.proc = subprocess.Popen(
-          [sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
+          ["timeout", "--signal=KILL", str(TASK_LIFETIME_SECS),
+           sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
           start_new_session=True)
     self.exited_at = None
@@ -292,7 +300,8 @@ def _mnist_replica(impl, tmp_path):
     codes = cluster.wait_exit(["worker0", "worker1"],
                               timeout=START_SECS + TRAIN_SECS)
     assert codes == {"worker0": 0, "worker1": 0}, cluster.logs()
-    # The original's ps serves until it is killed (server.join()).
+    # The original's ps serves until it is killed (server.join()): by the
+    # Cluster's exit, or at the latest after TASK_LIFETIME_SECS.
     assert cluster.tasks["ps"].poll() is None
     results = {}
     for name in ("worker0", "worker1"):
