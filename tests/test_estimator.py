@@ -236,7 +236,16 @@ def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
   for task, (waited, runs) in found.items():
     assert float(waited) < PROMPT_SECS, "%s waited %s s:\n%s" % (
         task, waited, out[-4000:])
-    assert int(runs) >= 3, "%s hardly trained:\n%s" % (task, out[-4000:])
+    assert int(runs) >= 1, "%s never ran a step:\n%s" % (task, out[-4000:])
+  # How the steps split between the two replicas is the scheduler's choice
+  # (a loaded chief once ran 1 step to the worker's 41); what the protocol
+  # fixes is the total: each of the STEPS updates averaged 2 gradients and
+  # every run pushes one. A run that pushed and was then stopped, waiting
+  # for its token, is not counted: one per task at most.
+  total = sum(int(runs) for _, runs in found.values())
+  assert total >= 2 * STEPS - len(found), (
+      "%d runs cannot make %d updates of 2 gradients:\n%s"
+      % (total, STEPS, out[-4000:]))
   assert re.search(r"\[chief0\] global step %d" % STEPS, out), out[-4000:]
 
 
