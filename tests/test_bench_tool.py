@@ -42,6 +42,7 @@ def test_bench_writes_runs_summary_table_and_plot(tmp_path):
     assert metrics["global_steps_per_s"] > 0, run
     assert 0 < metrics["step_ms_p50"] <= metrics["step_ms_p95"], run
     assert metrics["peak_rss_mb"] > 0, run
+    assert metrics["ps_peak_rss_mb"] > 0, run
   by_impl = {r["impl"]: r["metrics"] for r in runs}
   # Stock's chief close waits out the grace period (its runner is stuck in
   # take_grad); ours closes at once.
@@ -164,9 +165,11 @@ class _FakePool:
   """Stands in for _bench_pool.Pool: no process, nothing to wait for."""
 
   startup_secs = 0.0
+  started = 0
 
   def __init__(self, workers, **_):
     self.workers = workers
+    _FakePool.started += 1
 
   def close(self):
     pass
@@ -210,3 +213,42 @@ def test_a_run_command_carries_exactly_the_run_spec():
   # A key only one side knows is an error, not a silently ignored field.
   with pytest.raises(TypeError, match="steps"):
     _bench_protocol.run_spec(dict(message, steps=10))
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_fresh_pool_serves_one_run_only(tmp_path, monkeypatch, fresh):
+  bench = support.load_tool("bench")
+  monkeypatch.setattr(bench._bench_pool, "Pool", _FakePool)
+  monkeypatch.setattr(bench._bench_pool, "run_once",
+                      lambda *_, **__: [_record(50)])
+  monkeypatch.setattr(_FakePool, "started", 0)
+  argv = ["--scenarios", "small", "--workers", "1,2", "--reps", "2",
+          "--impls", "stock,ours", "--out", str(tmp_path)]
+  assert bench.main(argv + (["--fresh-pool"] if fresh else [])) == 0
+  # 8 runs over 2 values of W: one pool per W, or one per run.
+  assert _FakePool.started == (8 if fresh else 2)
+
+
+def test_peak_rss_is_a_processes_own_since_its_last_reset():
+  import _peak_rss as peak_rss  # pylint: disable=g-import-not-at-top
+  # A child that touches 300 MB, frees it, says so and waits for stdin.
+  child = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys; b = bytearray(300 << 20); del b; print('freed', "
+       "flush=True); sys.stdin.read()"],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert child.stdout.readline().strip() == "freed"
+    before = peak_rss.peak_mb(child.pid)
+    if before is None:
+      pytest.skip("no /proc/<pid>/status here")
+    assert before >= 300, before
+    peak_rss.reset(child.pid)
+    after = peak_rss.peak_mb(child.pid)
+    if after >= 300:
+      pytest.skip("this kernel does not reset VmHWM via clear_refs")
+    assert after < 100, after
+  finally:
+    child.stdin.close()
+    child.wait(timeout=30)
+  assert peak_rss.peak_mb(child.pid) is None  # Gone: no figure, no error.

@@ -18,6 +18,7 @@ import time
 
 import _bench_protocol as protocol
 import _by_path
+import _peak_rss as peak_rss
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = ROOT / "tools" / "_bench_task.py"
@@ -69,6 +70,10 @@ class Pool:
   @property
   def pids(self):
     return [proc.pid for proc in self._procs.values()]
+
+  @property
+  def ps_pid(self):
+    return self._procs[("ps", 0)].pid
 
   def send(self, key, message):
     """Sends ``message`` to task ``key`` (a ("job", index) pair)."""
@@ -183,7 +188,8 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
 
   Returns:
     Every worker's record (the chief's first), the chief's with the
-    driver's ``spawned_wall`` (when the run was sent) and ``run_secs``.
+    driver's ``spawned_wall`` (when the run was sent), ``run_secs`` and the
+    ps's ``ps_peak_rss_mb`` (its peak during the run; None off Linux).
 
   Raises:
     RunError: A task failed, left, or did not answer in time.
@@ -201,6 +207,9 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
       grace=grace, pool_pids=pool.pids)
   keys = [("worker", t) for t in range(workers)]
   deadline = time.monotonic() + timeout
+  # The ps serves every run of the pool: its peak is this run's only from
+  # here (the previous run's variables are gone once the chief resets).
+  peak_rss.reset(pool.ps_pid)
   sent = time.time()
   for key in keys:
     pool.send(key, protocol.command(protocol.RUN, spec))
@@ -213,4 +222,5 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
   records = pool.receive_all(keys, deadline, protocol.DONE)
   records[0]["spawned_wall"] = sent
   records[0]["run_secs"] = time.time() - sent
+  records[0]["ps_peak_rss_mb"] = peak_rss.peak_mb(pool.ps_pid)
   return records

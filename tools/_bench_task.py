@@ -31,7 +31,6 @@ them.
 """
 
 import os
-import resource
 import sys
 import time
 import traceback
@@ -45,6 +44,7 @@ import sync_replicas  # pylint: disable=g-import-not-at-top
 
 # This file runs as a script, so its folder (tools/) is sys.path[0].
 import _bench_protocol as protocol  # pylint: disable=g-import-not-at-top
+import _peak_rss as peak_rss  # pylint: disable=g-import-not-at-top
 
 #: Reads timed for the reads floor (their p50 is reported).
 READ_RUNS = 20
@@ -56,12 +56,23 @@ def _dense_vars(count, size):
           for i in range(count)]
 
 
+def _data(rng, shape):
+  """A batch as Grappler sees one: not a constant.
+
+  A model's gradients depend on its input; a bare constant here would make
+  every gradient a constant, which Grappler's constant folding evaluates at
+  session start (through the optimizer's gradient routes, at a cost no real
+  model pays). The default's value is the same fixed draw every step.
+  """
+  return tf.compat.v1.placeholder_with_default(
+      rng.normal(size=shape).astype(np.float32), shape)
+
+
 def _linear_loss(variables, rng, *, packed_reads=False):
   # d loss / d v = x: the gradient costs nothing, so transfers dominate.
   values = (sync_replicas.read_packed(variables) if packed_reads
             else variables)
-  return tf.add_n([tf.reduce_sum(v * rng.normal(size=v.shape).astype(
-      np.float32)) for v in values])
+  return tf.add_n([tf.reduce_sum(v * _data(rng, v.shape)) for v in values])
 
 
 #: Models of many small dense variables (100 floats each), by variable count:
@@ -83,7 +94,7 @@ def build_model(scenario, rng):
     return _linear_loss(_dense_vars(1, 20_000), rng)
   if scenario == "medium":
     sizes = [256, 1024, 512, 256, 10]
-    h = tf.constant(rng.normal(size=(16, 256)).astype(np.float32))
+    h = _data(rng, (16, 256))
     for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
       w = tf.compat.v1.get_variable("w%d" % i, [a, b])
       bias = tf.compat.v1.get_variable("b%d" % i, [b],
@@ -100,26 +111,6 @@ def build_model(scenario, rng):
     ids = tf.constant(rng.integers(0, 100_000, size=128))
     return tf.reduce_sum(tf.nn.embedding_lookup(table, ids))
   raise ValueError("unknown scenario %r" % scenario)
-
-
-def _reset_peak_rss():
-  """Restarts the kernel's peak-RSS mark (VmHWM), so a run's peak is its own."""
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-  except OSError:
-    pass
-
-
-def _peak_rss_mb():
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 1024
-  except (OSError, ValueError):
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def train(spec, task, target, *, session_ready=None, wait_go=None,
@@ -141,7 +132,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
   cluster = tf.train.ClusterSpec(spec.cluster)
   rng = np.random.default_rng(task)
   impl = spec.impl
-  _reset_peak_rss()
+  peak_rss.reset()
   began = time.monotonic()
   graph = tf.Graph()
   with graph.as_default(), tf.compat.v1.device(
@@ -248,7 +239,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       "first_global_step": steps_at[0][1] if steps_at else None,
       "task": task, "runs": len(latencies), "latencies": latencies,
       "steps_at": steps_at, "cpu_at": cpu_at, "first_step_wall": first_step,
-      "close_secs": closed - left, "peak_rss_mb": _peak_rss_mb(),
+      "close_secs": closed - left, "peak_rss_mb": peak_rss.peak_mb(),
       # Where the run's wall time went, in seconds.
       "build_secs": built - began,
       # The chief: resetting the cluster; a non-chief: waiting for "go".

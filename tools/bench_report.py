@@ -93,6 +93,7 @@ def metrics(records):
       "first_step_s": chief["first_step_wall"] - chief["spawned_wall"],
       "chief_close_s": chief["close_secs"],
       "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+      "ps_peak_rss_mb": chief.get("ps_peak_rss_mb"),
       # The chief process's CPU (its steps, its sync loop, the ops its
       # server runs) over the window, per update.
       "chief_cpu_ms_per_update": chief_cpu_ms,
@@ -169,7 +170,8 @@ def summarize(rows):
     entry = {"scenario": scenario, "workers": workers}
     for metric in ("global_steps_per_s", "grads_per_s", "step_ms_p50",
                    "step_ms_p95", "chief_close_s", "first_step_s",
-                   "peak_rss_mb", "read_ms_p50", "chief_cpu_ms_per_update"):
+                   "peak_rss_mb", "ps_peak_rss_mb", "read_ms_p50",
+                   "chief_cpu_ms_per_update"):
       for impl in IMPLS:
         vals = [m[impl][metric] for m in reps.values()
                 if impl in m and m[impl].get(metric) is not None]
