@@ -157,6 +157,26 @@ class RunInFlight:
       self._sleep(min(left, 0.01))
 
 
+def warm_up(sess, fetch):
+  """Runs ``fetch`` once, bounded, so that its first-run cost is paid now.
+
+  A fetch the master has not run yet costs a prune of the whole graph first
+  (0.8 s for the readiness read at 1000 variables here, 3 ms once known).
+  The closer's stop reads readiness: paid there, that came on top of the
+  close, and Coordinator.join, which sleeps in doubling steps, waited out
+  the whole grace period (2.2 s chief closes in tools/bench at V = 1000).
+  Bounded like the stop's own reads, so a ps that is not up yet costs only
+  the warm-up. Returns False if the run failed (logged at debug level).
+  """
+  options = tf.compat.v1.RunOptions(timeout_in_ms=CLOSE_QUEUE_TIMEOUT_MS)
+  try:
+    sess.run(fetch, options=options)
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("warming up %s: %s", getattr(fetch, "name", fetch), e)
+    return False
+  return True
+
+
 class _LoopSession:
   """The sync loop's own session as its closer sees it: closing it first
   lets the run in flight settle (``RunInFlight``)."""
@@ -189,8 +209,11 @@ class BlockingLoop:
       # it never waits for gradients while it keeps a save waiting.
       self.run_local(runner, sess, coord)
       return
-    # make_callable registers the graph now: each run's calls go out at its
-    # start, so its age is theirs (RunInFlight).
+    # From the second run on, a run's calls go out at its start, so its age
+    # is theirs (RunInFlight). The first also prunes and registers the
+    # graph first (make_callable does not, measured on a remote master), so
+    # it looks older than its calls: a stop in its first second may still
+    # lose a cancel (docs/operations-soak.md, fault 6).
     run_sync = sess.make_callable(runner.sync_op)
     while not coord.should_stop():
       in_flight.run(run_sync)
@@ -435,6 +458,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       self._finish(sess)
 
   def _close_on_stop_remote(self, sess, runner_sess, coord):
+    warm_up(sess, self.status.ready)  # The stop reads it: pay its prune now.
     # Stock's thread runs on the user's session, so closing that session
     # (without a stop request) cancels it; ours runs on its own session,
     # which must then follow, or it would keep taking gradients for good.
