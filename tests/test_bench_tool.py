@@ -252,3 +252,30 @@ def test_peak_rss_is_a_processes_own_since_its_last_reset():
     child.stdin.close()
     child.wait(timeout=30)
   assert peak_rss.peak_mb(child.pid) is None  # Gone: no figure, no error.
+
+
+def test_op_timeout_reaches_every_run_and_is_checked(tmp_path, monkeypatch,
+                                                     capsys):
+  bench = support.load_tool("bench")
+  seen = []
+
+  def run_once(pool, scenario, impl, **kwargs):
+    seen.append(kwargs["op_timeout"])
+    return [_record(50)]
+
+  monkeypatch.setattr(bench._bench_pool, "Pool", _FakePool)
+  monkeypatch.setattr(bench._bench_pool, "run_once", run_once)
+  argv = ["--scenarios", "small", "--workers", "1", "--reps", "1", "--impls",
+          "stock,ours", "--out", str(tmp_path)]
+  assert bench.main(argv + ["--op-timeout", "900", "--run-timeout",
+                            "1800"]) == 0
+  assert seen == [900.0, 900.0]
+  with pytest.raises(SystemExit):
+    bench.main(argv + ["--op-timeout", "600"])  # Over --run-timeout's 300.
+  assert "--op-timeout must be > 0 and at most --run-timeout (300), got " \
+      "600.0" in capsys.readouterr().err
+  # The spec a task reads carries it, and defaults to the old fixed 120 s.
+  spec = _bench_protocol.RunSpec(
+      cluster={}, scenario="small", impl="ours", replicas=1, options={},
+      secs=1.0, warmup=0.2, stop_file="/tmp/stop")
+  assert spec.op_timeout_secs == 120.0

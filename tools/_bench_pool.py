@@ -167,7 +167,7 @@ class Pool:
 
 
 def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
-             stop_file):
+             stop_file, op_timeout=120.0):
   """One run of one implementation on ``pool``; returns the workers' records.
 
   All workers build their graphs at once; the non-chiefs create their
@@ -185,6 +185,7 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
     timeout: Seconds the whole run may take.
     grace: ``stop_grace_period_secs`` of every worker's session.
     stop_file: Where the chief writes the last global step.
+    op_timeout: Seconds any one session.run of a worker may take.
 
   Returns:
     Every worker's record (the chief's first), the chief's with the
@@ -204,7 +205,7 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
       impl=impl, secs=secs, warmup=warmup, stop_file=str(stop_file),
       replicas=workers - 1 if scenario == "straggler_backup" else workers,
       options=options, straggler_delay=0.03 if straggler else 0,
-      grace=grace, pool_pids=pool.pids)
+      grace=grace, pool_pids=pool.pids, op_timeout_secs=op_timeout)
   keys = [("worker", t) for t in range(workers)]
   deadline = time.monotonic() + timeout
   # The ps serves every run of the pool: its peak is this run's only from

@@ -89,6 +89,9 @@ class RunSpec:
     grace: ``stop_grace_period_secs`` of every worker's session.
     pool_pids: Every process of the pool: the CPU they use is the run's own,
       the rest of the machine's is noise.
+    op_timeout_secs: ``operation_timeout_in_ms`` of every worker's session,
+      in seconds: no single run (the first, which registers the graph, is
+      the longest) may take longer.
   """
   cluster: dict
   scenario: str
@@ -101,6 +104,7 @@ class RunSpec:
   straggler_delay: float = 0.0
   grace: float = 5.0
   pool_pids: Optional[list] = None
+  op_timeout_secs: float = 120.0
 
 
 def serve_argument(spec):

@@ -164,7 +164,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
         variables = sync_replicas.read_packed(variables)
       reads = tf.add_n([tf.reduce_sum(v) for v in variables])
   config = tf.compat.v1.ConfigProto(
-      operation_timeout_in_ms=120_000,
+      operation_timeout_in_ms=int(spec.op_timeout_secs * 1000),
       device_filters=["/job:ps", "/job:worker/task:%d" % task])
   delay = spec.straggler_delay if task == workers - 1 else 0.0
   # A timed run ends as a run of a fixed number of steps would: when the
