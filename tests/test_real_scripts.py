@@ -294,9 +294,10 @@ def _mnist_replica(impl, tmp_path):
   script = str(SCRIPTS / "mnist_replica.py")
   with Cluster(impl, tmp_path) as cluster:
     cluster.start("ps", script, "--job_name=ps", "--task_index=0", *flags)
-    for i in range(2):
-      cluster.start("worker%d" % i, script, "--job_name=worker",
-                    "--task_index=%d" % i, *flags)
+    chief, worker1 = (
+        cluster.start("worker%d" % i, script, "--job_name=worker",
+                      "--task_index=%d" % i, *flags) for i in range(2))
+    _hold_chief_until_worker_trains(chief, worker1)
     codes = cluster.wait_exit(["worker0", "worker1"],
                               timeout=START_SECS + TRAIN_SECS)
     assert codes == {"worker0": 0, "worker1": 0}, cluster.logs()
@@ -313,6 +314,26 @@ def _mnist_replica(impl, tmp_path):
       final = int(re.search(r"final global step: (\d+)", text).group(1))
       results[name] = steps, xent, final
   return results
+
+
+def _hold_chief_until_worker_trains(chief, worker):
+  """Holds the chief (SIGSTOP) from its local init until ``worker`` begins
+  training, so that both train from the start.
+
+  Left free, the chief trains the 200 updates alone in about 3 s (the init
+  tokens let one worker push both gradients of an update), and a worker
+  whose start the machine delays more than that pushes after the last
+  update: with stock it then waits for a token for good (CI saw it: worker
+  1 began 0.07 s before the chief's end). The script's device filters
+  (``/job:ps`` and its own task) let the worker's session start without
+  the held chief's server.
+  """
+  chief.wait_for_line(r"Done running local_init_op", timeout=START_SECS)
+  chief.signal(signal.SIGSTOP)
+  try:
+    worker.wait_for_line(r"^Training begins", timeout=START_SECS)
+  finally:
+    chief.signal(signal.SIGCONT)
 
 
 def test_mnist_replica_trains_to_its_step_count_with_stock_and_ours(tmp_path):
