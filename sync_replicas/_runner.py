@@ -166,15 +166,14 @@ def warm_up(sess, fetch):
   close, and Coordinator.join, which sleeps in doubling steps, waited out
   the whole grace period (2.2 s chief closes in tools/bench at V = 1000).
   Bounded like the stop's own reads, so a ps that is not up yet costs only
-  the warm-up. Returns False if the run failed (logged at debug level).
+  the warm-up. A failure is only logged (debug): the stop then pays the
+  prune itself, as before.
   """
   options = tf.compat.v1.RunOptions(timeout_in_ms=CLOSE_QUEUE_TIMEOUT_MS)
   try:
     sess.run(fetch, options=options)
   except Exception as e:  # pylint: disable=broad-except
     _LOG.debug("warming up %s: %s", getattr(fetch, "name", fetch), e)
-    return False
-  return True
 
 
 class _LoopSession:
