@@ -6,6 +6,7 @@ at once; ``prompt_stop=False`` keeps stock's behaviour reachable, and both are
 tested side by side. Bounds here are hang detectors, not speed measurements.
 """
 
+import contextlib
 import logging
 import threading
 import time
@@ -299,18 +300,25 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
   assert _train_through_one_abort(cls, timeout_ms=10_000) >= 9
 
 
-def test_waiting_for_earlier_sessions_ends_when_their_loop_ends():
+@contextlib.contextmanager
+def _initialized_chief(session_cls=tf.compat.v1.Session):
+  """A plain chief session, initialized, on a cluster of its own: yields
+  (runner, session). Two replicas to aggregate and nobody pushing, so the
+  loop, once started, blocks in a take."""
   cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
-  # Two replicas to aggregate and nobody pushing: the loop blocks in a take.
   chief = support.LinearWorker(support.OURS, cluster, 0, replicas=2, total=2)
-  runner = chief.opt.get_chief_queue_runner()
   with chief.graph.as_default():
     init = [tf.compat.v1.global_variables_initializer(),
             tf.compat.v1.local_variables_initializer()]
-  with tf.compat.v1.Session(chief.target, graph=chief.graph,
-                            config=support.session_config()) as sess:
+  with session_cls(chief.target, graph=chief.graph,
+                   config=support.session_config()) as sess:
     sess.run(init)
     sess.run(chief.opt.chief_init_op)
+    yield chief.opt.get_chief_queue_runner(), sess
+
+
+def test_waiting_for_earlier_sessions_ends_when_their_loop_ends():
+  with _initialized_chief() as (runner, sess):
     assert runner.wait_for_earlier_sessions(0)  # No loop yet.
     coord = tf.compat.v1.train.Coordinator()
     threads = runner.create_threads(sess, coord, daemon=True, start=True)
@@ -337,16 +345,7 @@ def test_the_stops_readiness_read_is_warmed_before_any_stop():
   # A fetch the master has not run costs a prune of the whole graph (0.8 s
   # at 1000 variables): paid at the stop, it made Coordinator.join wait out
   # the whole grace period. The closer runs the read once while training.
-  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
-  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=2, total=2)
-  runner = chief.opt.get_chief_queue_runner()
-  with chief.graph.as_default():
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer()]
-  with _RecordingSession(chief.target, graph=chief.graph,
-                         config=support.session_config()) as sess:
-    sess.run(init)
-    sess.run(chief.opt.chief_init_op)
+  with _initialized_chief(_RecordingSession) as (runner, sess):
     coord = tf.compat.v1.train.Coordinator()
     threads = runner.create_threads(sess, coord, daemon=True, start=True)
     warmed = lambda: any(
