@@ -91,21 +91,21 @@ def _chief_with_listener(timeout_secs):
     coord = tf.compat.v1.train.Coordinator()
     threads = model.opt.get_chief_queue_runner().create_threads(
         sess, coord=coord, daemon=True, start=True)
+    body_failed = True
     try:
       yield model, listener, sess, coord
-    except BaseException:
-      # The body failed: stop the runner anyway, or its loop would go on
-      # running against the (discarded) cluster until the process ends.
+      body_failed = False
+    finally:
+      # Stopped even when the body failed, or the loop would go on running
+      # against the (discarded) cluster until the process ends.
       coord.request_stop()
       try:
         coord.join(threads, stop_grace_period_secs=20)
       except Exception:  # pylint: disable=broad-except
-        pass  # The body's error is the one to report.
+        if not body_failed:
+          raise
+        # Otherwise the body's error is the one to report.
       sess.close()
-      raise
-    coord.request_stop()
-    coord.join(threads, stop_grace_period_secs=20)
-    sess.close()
   except BaseException:
     SHARED.discard()
     raise
