@@ -30,6 +30,7 @@ MusicVAE trainer (MonitoredTrainingSession through tf_slim.training.train
 with the optimizer's hook; int64 global step; clipped gradients).
 """
 
+import contextlib
 import json
 import math
 import os
@@ -156,6 +157,17 @@ def _hosts(count):
   return ",".join("%s:%d" % (LOOPBACK, p) for p in free_ports(count))
 
 
+@contextlib.contextmanager
+def _held(task):
+  """``task`` stopped (SIGSTOP) for the block, and resumed (SIGCONT) after
+  it whatever happened in it."""
+  task.signal(signal.SIGSTOP)
+  try:
+    yield
+  finally:
+    task.signal(signal.SIGCONT)
+
+
 def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   """Starts worker ``name`` so that it joins the chief's training.
 
@@ -185,8 +197,7 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   chief.wait_for_line(built, timeout=START_SECS)
   worker = cluster.start(name, *argv)
   chief.wait_for_line(r"Done running local_init_op", timeout=START_SECS)
-  chief.signal(signal.SIGSTOP)
-  try:
+  with _held(chief):
     began = worker.text().count("Running local_init_op")
     found_ready_since = []
 
@@ -203,8 +214,6 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
       return time.monotonic() - found_ready_since[0] > _READY_SECS
     support.wait_until(joins, timeout=START_SECS, interval=0.2,
                        what="%s to find the model ready" % name)
-  finally:
-    chief.signal(signal.SIGCONT)
   return worker
 
 
@@ -329,11 +338,8 @@ def _hold_chief_until_worker_trains(chief, worker):
   the held chief's server.
   """
   chief.wait_for_line(r"Done running local_init_op", timeout=START_SECS)
-  chief.signal(signal.SIGSTOP)
-  try:
+  with _held(chief):
     worker.wait_for_line(r"^Training begins", timeout=START_SECS)
-  finally:
-    chief.signal(signal.SIGCONT)
 
 
 def test_mnist_replica_trains_to_its_step_count_with_stock_and_ours(tmp_path):
