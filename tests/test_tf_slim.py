@@ -113,6 +113,43 @@ class SlimWorker:
           log_every_n_steps=0)
 
 
+def _stock_runner_in_its_run(threads_before):
+  """Whether this run's stock token-queue runner is inside ``Session.run``.
+
+  Stock's QueueRunner checks ``coord.should_stop()`` before each run of its
+  sync op. Once inside the run, it blocks in take_grad whatever happens to
+  the coordinator; a thread still between runs when the chief requests the
+  stop ends at once instead. A thread's Python stack is the only place that
+  tells the two apart, hence ``sys._current_frames``.
+  """
+  runners = [t for t in threading.enumerate()
+             if t not in threads_before
+             and t.name.startswith("QueueRunnerThread-sync_token_q")
+             and not t.name.endswith("-close_on_stop")]
+  assert len(runners) == 1, "want one new stock runner thread, found %s" % (
+      [t.name for t in runners])
+  frame = sys._current_frames().get(runners[0].ident)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == "_call_tf_sessionrun":
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _wait_for_stock_runner_to_block(threads_before):
+  """Holds stock's chief at its last step until its runner blocks.
+
+  CI once saw stock's chief return at once: under load its runner thread
+  was still between the last update and its next run when tf-slim requested
+  the stop, so it saw the stop and ended. That schedule shows nothing about
+  the blocked take_grad this file is about; waiting for the runner to be
+  back inside its run makes the blocked schedule the only one.
+  """
+  support.wait_until(lambda: _stock_runner_in_its_run(threads_before),
+                     timeout=30, what="stock's queue runner to start its "
+                     "next (blocking) run")
+
+
 class Run:
   """Two SlimWorkers trained with tf-slim; what the test checks afterwards.
 
@@ -135,6 +172,9 @@ class Run:
     chief_session = []
     returned_at = [None, None]
 
+    threads_before = set(threading.enumerate())
+    hold_error = []
+
     def step_fn_of(task):
       def step_fn(sess, train_op, global_step, kwargs):
         if task == 0 and not chief_ready.is_set():
@@ -146,6 +186,12 @@ class Run:
         loss, should_stop = tf_slim.learning.train_step(
             sess, train_op, global_step, kwargs)
         if should_stop:
+          if task == 0 and opt_cls is support.STOCK:
+            try:
+              _wait_for_stock_runner_to_block(threads_before)
+            except AssertionError as e:
+              hold_error.append(e)
+              raise
           last_step_at[task] = time.monotonic()
         return loss, should_stop
       return step_fn
@@ -167,8 +213,11 @@ class Run:
       chief.finish(timeout=1)  # Raises the chief's error.
     other.start()
     other_loss = other.finish(timeout=120)
-    support.wait_until(lambda: last_step_at[0] is not None, timeout=30,
-                       what="the chief's last step")
+    support.wait_until(lambda: last_step_at[0] is not None or hold_error,
+                       timeout=30, what="the chief's last step")
+    if hold_error:
+      chief_session[0].close()  # Its stop would wait out the 120 s grace.
+      raise hold_error[0]
     self.variables = self._read(cluster, step_dtype)
     # Stock's chief blocks in Supervisor.stop() for 120 s: look once, after
     # BLOCKED_SECS, instead of waiting it out.
@@ -180,6 +229,10 @@ class Run:
       chief_session[0].close()
       chief.join(30)
       assert not chief.is_alive(), "closing the chief's session did not end it"
+      # The close may surface as a CancelledError; anything else (this
+      # file's own wait failing, say) is the chief's real error.
+      if not isinstance(chief.error, (type(None), tf.errors.CancelledError)):
+        raise chief.error
       self.losses = [None, other_loss]
       self.chief_stop_secs = None
     else:
