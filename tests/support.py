@@ -9,6 +9,7 @@ import importlib.util
 import os
 import pathlib
 import signal
+import sys
 import threading
 import time
 
@@ -56,6 +57,35 @@ def wait_until(predicate, *, timeout, what, interval=0.01):
       raise AssertionError("timed out after %.1fs waiting for %s"
                            % (timeout, what))
     time.sleep(interval)
+
+
+def _in_session_run(thread):
+  """Whether ``thread``'s Python stack is inside a ``Session.run`` call."""
+  frame = sys._current_frames().get(thread.ident)  # pylint: disable=protected-access
+  while frame is not None:
+    if frame.f_code.co_name == "_call_tf_sessionrun":
+      return True
+    frame = frame.f_back
+  return False
+
+
+def wait_for_stock_runner_to_block(threads, timeout=30):
+  """Waits until stock's queue-runner thread among ``threads`` is in its run.
+
+  Stock's QueueRunner checks ``coord.should_stop()`` before each run of its
+  sync op. Once inside the run it blocks in take_grad whatever happens to
+  the coordinator; a thread still between two runs when the stop is
+  requested sees it and ends at once. A test that shows stock's blocked
+  stop calls this first, or a loaded machine can give it the other
+  schedule (CI once did). Only a thread's stack tells the two apart, hence
+  ``sys._current_frames``.
+  """
+  runners = [t for t in threads if t.name.startswith("QueueRunnerThread-")
+             and not t.name.endswith("-close_on_stop")]
+  assert len(runners) == 1, "want one stock runner thread, found %s" % (
+      [t.name for t in threads])
+  wait_until(lambda: _in_session_run(runners[0]), timeout=timeout,
+             what="stock's queue runner to start its next (blocking) run")
 
 
 class BoundedThread(threading.Thread):

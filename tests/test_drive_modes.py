@@ -62,6 +62,8 @@ def test_plain_session_without_chief_init_op_trains_as_stock(impl, dtype):
                            what="global step %d" % want)
         seen.append(tuple(sess.run([global_step, local_step])))
       values = sess.run(v)
+      if impl is support.STOCK:
+        support.wait_for_stock_runner_to_block(threads)
       coord.request_stop()
       if impl is support.STOCK:
         # Stock's runner thread stays blocked in take_grad: the join waits

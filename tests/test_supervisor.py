@@ -43,20 +43,24 @@ def _supervised(worker, *, grace):
     # Inside the graph: outside it TF 2 is eager, where queues refuse to run.
     sess = sv.prepare_or_wait_for_session(
         worker.target, config=support.session_config(), max_wait_secs=30)
+    threads = []
     if worker.is_chief:
-      sv.start_queue_runners(sess, [opt.get_chief_queue_runner()])
+      threads = sv.start_queue_runners(sess, [opt.get_chief_queue_runner()])
       sess.run(init_tokens)
-  return sv, sess
+  return sv, sess, threads
 
 
 def _train(impl, *, grace):
-  """Two workers train ROUNDS rounds; returns (workers, supervisors, sessions)."""
+  """Two workers train ROUNDS rounds.
+
+  Returns (workers, supervisors, sessions, the chief's runner threads).
+  """
   cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
   workers = [support.LinearWorker(impl, cluster, t, replicas=2, total=2)
              for t in range(2)]
   # The chief first: the other waits for its initialization.
   supervised = [_supervised(w, grace=grace) for w in workers]
-  sessions = [sess for _, sess in supervised]
+  sessions = [sess for _, sess, _ in supervised]
   for _ in range(ROUNDS):
     support.run_concurrently(
         [(sess.run, w.train_op) for w, sess in zip(workers, sessions)])
@@ -65,11 +69,11 @@ def _train(impl, *, grace):
   support.wait_until(
       lambda: chief_sess.run(workers[0].global_step) == ROUNDS - 1,
       timeout=20, what="global_step == %d" % (ROUNDS - 1))
-  return workers, [sv for sv, _ in supervised], sessions
+  return workers, [sv for sv, _, _ in supervised], sessions, supervised[0][2]
 
 
 def test_two_worker_supervisor_stop_is_prompt():
-  workers, svs, sessions = _train(support.OURS, grace=120)
+  workers, svs, sessions, _ = _train(support.OURS, grace=120)
   try:
     for w, sess in zip(workers, sessions):
       local = support.local_step_variable(w.graph)
@@ -92,9 +96,10 @@ def test_two_worker_supervisor_stop_is_prompt():
 @pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_stock_supervisor_stop_waits_the_grace_and_raises():
-  workers, svs, sessions = _train(support.STOCK, grace=3)
+  workers, svs, sessions, threads = _train(support.STOCK, grace=3)
   del workers
   try:
+    support.wait_for_stock_runner_to_block(threads)
     svs[1].stop()
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="threads still running"):

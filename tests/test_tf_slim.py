@@ -113,43 +113,6 @@ class SlimWorker:
           log_every_n_steps=0)
 
 
-def _stock_runner_in_its_run(threads_before):
-  """Whether this run's stock token-queue runner is inside ``Session.run``.
-
-  Stock's QueueRunner checks ``coord.should_stop()`` before each run of its
-  sync op. Once inside the run, it blocks in take_grad whatever happens to
-  the coordinator; a thread still between runs when the chief requests the
-  stop ends at once instead. A thread's Python stack is the only place that
-  tells the two apart, hence ``sys._current_frames``.
-  """
-  runners = [t for t in threading.enumerate()
-             if t not in threads_before
-             and t.name.startswith("QueueRunnerThread-sync_token_q")
-             and not t.name.endswith("-close_on_stop")]
-  assert len(runners) == 1, "want one new stock runner thread, found %s" % (
-      [t.name for t in runners])
-  frame = sys._current_frames().get(runners[0].ident)  # pylint: disable=protected-access
-  while frame is not None:
-    if frame.f_code.co_name == "_call_tf_sessionrun":
-      return True
-    frame = frame.f_back
-  return False
-
-
-def _wait_for_stock_runner_to_block(threads_before):
-  """Holds stock's chief at its last step until its runner blocks.
-
-  CI once saw stock's chief return at once: under load its runner thread
-  was still between the last update and its next run when tf-slim requested
-  the stop, so it saw the stop and ended. That schedule shows nothing about
-  the blocked take_grad this file is about; waiting for the runner to be
-  back inside its run makes the blocked schedule the only one.
-  """
-  support.wait_until(lambda: _stock_runner_in_its_run(threads_before),
-                     timeout=30, what="stock's queue runner to start its "
-                     "next (blocking) run")
-
-
 class Run:
   """Two SlimWorkers trained with tf-slim; what the test checks afterwards.
 
@@ -188,7 +151,10 @@ class Run:
         if should_stop:
           if task == 0 and opt_cls is support.STOCK:
             try:
-              _wait_for_stock_runner_to_block(threads_before)
+              support.wait_for_stock_runner_to_block(
+                  [t for t in threading.enumerate()
+                   if t not in threads_before
+                   and t.name.startswith("QueueRunnerThread-sync_token_q")])
             except AssertionError as e:
               hold_error.append(e)
               raise
