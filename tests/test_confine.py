@@ -9,10 +9,13 @@ outside cannot reach it. The demo test trains the real digits example to its
 end. Every process group is killed in a finally block.
 """
 
+import contextlib
+import json
 import os
 import pathlib
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -179,7 +182,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     pytest.skip("something on this machine already listens on 2222")
   logdir = tmp_path / "demo"
   # Slowed steps (a 50 ms median delay, sleeping) keep the job training
-  # while tools/status starts, which takes TensorFlow's import time.
+  # until its chief is held (below).
   proc = subprocess.Popen(
       [str(ROOT / "tools" / "_demo"), "--steps", "600", "--delay_ms", "50",
        "--log_every", "200", "--checkpoint_every", "1000", "--no_plot"],
@@ -200,12 +203,21 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
         timeout=180, what="the chief's sync_manifest.json", interval=0.2)
     assert not _connects(2222), "the demo's ps accepted a connection from " \
         "outside its namespace"
-    # Side by side, to spend TensorFlow's import time once: the printed
-    # command, and the same tools/status from outside the namespace.
-    inside = _run_bounded(argv)
-    outside = _run_bounded(argv[4:] + ["--timeout", "3"])
-    inside, outside = inside.finish(240), outside.finish(240)
-    still_training = proc.poll() is None
+    # The chief is held while tools/status runs, so that the job is still
+    # training when it reads, however long its TensorFlow import takes on a
+    # loaded machine (CI once saw the job end in the middle of the read).
+    # The ps serves the read; the other workers wait for tokens. Held once
+    # it trains (its first progress line): the model is initialized then.
+    output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
+                "progress line", timeout=180)
+    with _held(_task_pid(proc.pid, "chief", 0)):
+      assert proc.poll() is None, "the demo ended before its chief was held"
+      # Side by side, to spend TensorFlow's import time once: the printed
+      # command, and the same tools/status from outside the namespace.
+      inside = _run_bounded(argv)
+      outside = _run_bounded(argv[4:] + ["--timeout", "3"])
+      inside, outside = inside.finish(240), outside.finish(240)
+      still_training = proc.poll() is None
     proc.wait(timeout=300)
   finally:
     support.kill_group(proc)
@@ -219,6 +231,50 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert proc.returncode == 0, text[-4000:]
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
                    text), text[-4000:]
+
+
+def _descendants(pid):
+  """Every live process under ``pid``, from /proc."""
+  children = {}
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open("/proc/%s/stat" % entry) as f:
+          parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue  # Ended while listed.
+      children.setdefault(parent, []).append(int(entry))
+  found, todo = [], [pid]
+  while todo:
+    for child in children.get(todo.pop(), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
+def _task_pid(launch_pid, job, index):
+  """The pid of the task tools/launch (``launch_pid``) runs as job:index."""
+  for pid in _descendants(launch_pid):
+    try:
+      with open("/proc/%d/environ" % pid, "rb") as f:
+        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+    except OSError:
+      continue
+    task = json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {})
+    if task.get("type") == job and task.get("index") == index:
+      return pid
+  raise AssertionError("no %s:%d task under launch %d" % (job, index,
+                                                          launch_pid))
+
+
+@contextlib.contextmanager
+def _held(pid):
+  """``pid`` stopped (SIGSTOP) for the block, resumed after it."""
+  os.kill(pid, signal.SIGSTOP)
+  try:
+    yield
+  finally:
+    os.kill(pid, signal.SIGCONT)
 
 
 def _run_bounded(argv):
