@@ -4,6 +4,7 @@ Every wait here has a deadline and names what it waited for, so a hang fails
 the test with a message instead of stalling CI.
 """
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
@@ -86,6 +87,18 @@ def wait_for_stock_runner_to_block(threads, timeout=30):
       [t.name for t in threads])
   wait_until(lambda: _in_session_run(runners[0]), timeout=timeout,
              what="stock's queue runner to start its next (blocking) run")
+
+
+@contextlib.contextmanager
+def held(send_signal):
+  """A process stopped (SIGSTOP) for the block and resumed (SIGCONT) after
+  it, whatever happened in it. ``send_signal(signum)`` signals the process
+  (or its group)."""
+  send_signal(signal.SIGSTOP)
+  try:
+    yield
+  finally:
+    send_signal(signal.SIGCONT)
 
 
 class BoundedThread(threading.Thread):

@@ -9,13 +9,10 @@ outside cannot reach it. The demo test trains the real digits example to its
 end. Every process group is killed in a finally block.
 """
 
-import contextlib
-import json
 import os
 import pathlib
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -210,7 +207,10 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     # it trains (its first progress line): the model is initialized then.
     output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
                 "progress line", timeout=180)
-    with _held(_task_pid(proc.pid, "chief", 0)):
+    # tools/launch starts each task as the leader of a process group.
+    chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
+                            "the chief's pid", timeout=1).group(1))
+    with support.held(lambda signum: os.killpg(chief, signum)):
       assert proc.poll() is None, "the demo ended before its chief was held"
       # Side by side, to spend TensorFlow's import time once: the printed
       # command, and the same tools/status from outside the namespace.
@@ -231,50 +231,6 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert proc.returncode == 0, text[-4000:]
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
                    text), text[-4000:]
-
-
-def _descendants(pid):
-  """Every live process under ``pid``, from /proc."""
-  children = {}
-  for entry in os.listdir("/proc"):
-    if entry.isdigit():
-      try:
-        with open("/proc/%s/stat" % entry) as f:
-          parent = int(f.read().rsplit(")", 1)[1].split()[1])
-      except (OSError, IndexError, ValueError):
-        continue  # Ended while listed.
-      children.setdefault(parent, []).append(int(entry))
-  found, todo = [], [pid]
-  while todo:
-    for child in children.get(todo.pop(), []):
-      found.append(child)
-      todo.append(child)
-  return found
-
-
-def _task_pid(launch_pid, job, index):
-  """The pid of the task tools/launch (``launch_pid``) runs as job:index."""
-  for pid in _descendants(launch_pid):
-    try:
-      with open("/proc/%d/environ" % pid, "rb") as f:
-        env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-    except OSError:
-      continue
-    task = json.loads(env.get(b"TF_CONFIG", b"{}")).get("task", {})
-    if task.get("type") == job and task.get("index") == index:
-      return pid
-  raise AssertionError("no %s:%d task under launch %d" % (job, index,
-                                                          launch_pid))
-
-
-@contextlib.contextmanager
-def _held(pid):
-  """``pid`` stopped (SIGSTOP) for the block, resumed after it."""
-  os.kill(pid, signal.SIGSTOP)
-  try:
-    yield
-  finally:
-    os.kill(pid, signal.SIGCONT)
 
 
 def _run_bounded(argv):

@@ -30,13 +30,11 @@ MusicVAE trainer (MonitoredTrainingSession through tf_slim.training.train
 with the optimizer's hook; int64 global step; clipped gradients).
 """
 
-import contextlib
 import json
 import math
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -157,17 +155,6 @@ def _hosts(count):
   return ",".join("%s:%d" % (LOOPBACK, p) for p in free_ports(count))
 
 
-@contextlib.contextmanager
-def _held(task):
-  """``task`` stopped (SIGSTOP) for the block, and resumed (SIGCONT) after
-  it whatever happened in it."""
-  task.signal(signal.SIGSTOP)
-  try:
-    yield
-  finally:
-    task.signal(signal.SIGCONT)
-
-
 def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   """Starts worker ``name`` so that it joins the chief's training.
 
@@ -197,7 +184,7 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   chief.wait_for_line(built, timeout=START_SECS)
   worker = cluster.start(name, *argv)
   chief.wait_for_line(r"Done running local_init_op", timeout=START_SECS)
-  with _held(chief):
+  with support.held(chief.signal):
     began = worker.text().count("Running local_init_op")
     found_ready_since = []
 
@@ -338,7 +325,7 @@ def _hold_chief_until_worker_trains(chief, worker):
   the held chief's server.
   """
   chief.wait_for_line(r"Done running local_init_op", timeout=START_SECS)
-  with _held(chief):
+  with support.held(chief.signal):
     worker.wait_for_line(r"^Training begins", timeout=START_SECS)
 
 
