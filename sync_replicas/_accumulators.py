@@ -258,10 +258,12 @@ def set_global_step_ops(accumulators, global_step, *, generations, after,
   """The chief's per-accumulator init: clear leftovers, then set the step.
 
   For each accumulator, on its device: set its step to the (generation-
-  encoded) global step, push a zero gradient at that step and take once,
-  which discards whatever an earlier chief's workers had pushed, then set
-  the step again (a take advances it) with stock's ``SetGlobalStep`` op.
-  The clearing ops live in ``scope``; the final op keeps stock's name.
+  encoded) global step; then, unless this is the job's first start (see
+  ``Generations.may_hold_leftovers``), push a zero gradient at that step
+  and take once, which discards whatever an earlier chief's workers had
+  pushed; then set the step again (a take advances it) with stock's
+  ``SetGlobalStep`` op. The clearing ops live in ``scope``; the final op
+  keeps stock's name.
 
   Args:
     accumulators: ``AccumulatorOps`` entries.
@@ -273,7 +275,6 @@ def set_global_step_ops(accumulators, global_step, *, generations, after,
   Returns:
     The final ``SetGlobalStep`` ops.
   """
-  ops = []
   offset = None
   if generations.enabled:
     # One read of the generation for every accumulator: per accumulator it
@@ -281,6 +282,9 @@ def set_global_step_ops(accumulators, global_step, *, generations, after,
     # measured), and all of them read it after ``after`` anyway.
     with tf.control_dependencies([after]):
       offset = generations.offset()
+  clearing = _Clearing(global_step, generations, after=after, offset=offset,
+                       scope=scope)
+  ops = []
   for entry in accumulators:
     with tf.compat.v1.device(entry.device):
       # Stock converts the step right here; keeping the read in this scope
@@ -289,14 +293,46 @@ def set_global_step_ops(accumulators, global_step, *, generations, after,
       with tf.compat.v1.name_scope(scope):
         with tf.control_dependencies([after]):
           step = generations.encode(step, offset=offset)
-          first = entry.accumulator.set_global_step(step, name="reset_step")
-        last = first
+          last = entry.accumulator.set_global_step(step, name="reset_step")
         if entry.shape.is_fully_defined():
-          with tf.control_dependencies([first]):
-            push = _zero_push(entry, step)
-          with tf.control_dependencies([push]):
-            last = _take_op(entry)
+          last = clearing.clear(entry, after=last)
       with tf.control_dependencies([last]):
         ops.append(entry.accumulator.set_global_step(step,
                                                      name="SetGlobalStep"))
   return ops
+
+
+class _Clearing:
+  """Zero pushes and takes that run only where leftovers may exist.
+
+  One ``Switch`` of the (encoded) global step on the job's predicate; each
+  accumulator's zero push takes its live side as its local step, so on the
+  job's first start every push and take is dead, not run, and a gradient a
+  non-chief pushed before ``chief_init_op`` counts, as with stock (issue
+  16). Raw ``Switch``/``Merge`` rather than ``tf.cond``: two ops per
+  accumulator (the join) and one for the job, whatever the control-flow
+  version.
+  """
+
+  def __init__(self, global_step, generations, *, after, offset, scope):
+    with tf.compat.v1.device(global_step.device), \
+        tf.compat.v1.name_scope(scope), tf.control_dependencies([after]):
+      step = generations.encode(tf.convert_to_tensor(global_step),
+                                offset=offset)
+      self._skip, self._go = tf.raw_ops.Switch(
+          data=step, pred=generations.may_hold_leftovers(global_step),
+          name="clear_switch")
+
+  def clear(self, entry, *, after):
+    """Clears ``entry`` after ``after``; returns the join, live either way.
+
+    Build on the accumulator's device, in our scope.
+    """
+    with tf.control_dependencies([after]):
+      push = _zero_push(entry, self._go)
+    with tf.control_dependencies([push]):
+      take = _take_op(entry)
+    with tf.control_dependencies([take]):
+      cleared = tf.identity(self._go, name="cleared")
+    return tf.raw_ops.Merge(inputs=[cleared, self._skip],
+                            name="clear_merge")[0].op

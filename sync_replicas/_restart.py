@@ -16,9 +16,10 @@ an int64 global step, tokens and accumulator steps carry ``step + generation
 the accumulator's and its gradients are dropped, while a replica that
 (re)starts gets the current generation's global step as its local step, so
 its first gradient counts, as with stock. On the first start the
-generation is 0 and every value is stock's. The chief's init op also empties
-every accumulator of what an earlier chief left behind and, from the second
-start on, the token queue.
+generation is 0 and every value is stock's. On every start but the job's
+first (``may_hold_leftovers``) the chief's init op also empties every
+accumulator of what an earlier chief left behind and, from the second start
+on, the token queue.
 
 What it relies on: ``chief_init_op`` (the hook's and the TF 0.12 Supervisor
 recipe's chief local init). Scripts that never run it (a Supervisor with its
@@ -123,6 +124,22 @@ class Generations:
     with tf.compat.v1.name_scope(self._scope):
       return [tf.compat.v1.assign(local_step, value,
                                   name="chief_local_step").op]
+
+  def may_hold_leftovers(self, global_step):
+    """False only on the job's first start: this is the first chief start
+    the ps has seen (generation 0) and the global step is still 0.
+
+    Then nothing earlier can have pushed, and what the accumulators hold was
+    pushed by this job's replicas before ``chief_init_op`` ran: stock keeps
+    it, and so do we. On any other start (a restarted chief, a job restored
+    from a checkpoint) leftovers cannot be told apart from such early
+    pushes, and the accumulators are cleared. Build it after ``start_op``.
+    """
+    with tf.compat.v1.device(self._device), \
+        tf.compat.v1.name_scope(self._scope):
+      return tf.logical_or(tf.greater(self._generation(), 0),
+                           tf.not_equal(global_step, 0),
+                           name="may_hold_leftovers")
 
   def drain_tokens_op(self, token_queue):
     """Empties the token queue once the generation moved past 0.
