@@ -90,9 +90,9 @@ class _Rendezvous(tf.compat.v1.train.SessionRunHook):
       time.sleep(0.05)
 
 
-def _input_fn(seed):
+def _input_fn(seed, examples=64):
   rng = np.random.default_rng(seed)
-  x = rng.normal(size=(64, 4)).astype(np.float32)
+  x = rng.normal(size=(examples, 4)).astype(np.float32)
   y = x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)
   return lambda: tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
 
@@ -110,7 +110,7 @@ def _model_fn(sync_opt):
 
 
 def train(opt_cls, model_dir, *, is_chief=True, replicas=1, seed=0,
-          session_config=None, hooks=()):
+          session_config=None, hooks=(), examples=64):
   """Trains STEPS steps; returns (seconds from last step to return, runs)."""
   sync_opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(0.05),
                      replicas_to_aggregate=replicas,
@@ -120,7 +120,7 @@ def train(opt_cls, model_dir, *, is_chief=True, replicas=1, seed=0,
       model_dir=model_dir, session_config=session_config,
       save_summary_steps=STEPS, log_step_count_steps=STEPS)
   model = ESTIMATOR.Estimator(model_fn=_model_fn(sync_opt), config=config)
-  model.train(_input_fn(seed),
+  model.train(_input_fn(seed, examples),
               hooks=[sync_opt.make_session_run_hook(is_chief), last, *hooks],
               max_steps=STEPS)
   return time.monotonic() - last.at, last.runs, model
@@ -188,21 +188,50 @@ def test_a_saver_hook_with_the_listener_in_training_chief_hooks_saves(
   assert model.get_variable_value("global_step") == STEPS
 
 
+def _short_stock_grace(monkeypatch):
+  """Estimator's own module calls training.MonitoredTrainingSession without
+  a grace argument; give it 3 s instead of 120 s for stock's runs."""
+  training = sys.modules[ESTIMATOR.Estimator.__module__].training
+  monkeypatch.setattr(training, "MonitoredTrainingSession", functools.partial(
+      training.MonitoredTrainingSession, stop_grace_period_secs=3))
+
+
 # Stock's queue-runner thread dies by the session's close with a
 # CancelledError traceback: its known behaviour, not this test's failure.
 @pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_stock_train_waits_for_the_grace_period(tmp_path, monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)
-  # Estimator's own module calls training.MonitoredTrainingSession without a
-  # grace argument; give it 3 s instead of 120 s for stock's demonstration.
-  training = sys.modules[ESTIMATOR.Estimator.__module__].training
-  monkeypatch.setattr(training, "MonitoredTrainingSession", functools.partial(
-      training.MonitoredTrainingSession, stop_grace_period_secs=3))
+  _short_stock_grace(monkeypatch)
   waited, runs, _ = train(support.STOCK, str(tmp_path),
                           session_config=support.session_config())
   assert STEPS <= runs <= STEPS + 1
   assert waited >= 2.5, "expected stock's wait for the (patched) grace period"
+
+
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_one_replica_gives_stocks_numbers(tmp_path, monkeypatch):
+  """Side by side: the same model_fn, data and steps through Estimator.train
+  with stock's class and ours end with the same variables, bit for bit.
+
+  Every batch is the same 8 examples, so a run that pushes at the step
+  boundary (the step a run reads may lag the update it caused) adds a
+  gradient equal to the one it is averaged with: the numbers do not depend
+  on that schedule.
+  """
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  _short_stock_grace(monkeypatch)
+  models = {}
+  for name, opt_cls in [("stock", support.STOCK), ("ours", support.OURS)]:
+    _, _, models[name] = train(opt_cls, str(tmp_path / name), examples=8,
+                               session_config=support.session_config())
+  stock, ours = models["stock"], models["ours"]
+  assert (ours.get_variable_value("global_step")
+          == stock.get_variable_value("global_step") == STEPS)
+  np.testing.assert_array_equal(ours.get_variable_value("w"),
+                                stock.get_variable_value("w"))
+  assert np.any(ours.get_variable_value("w") != 0)
 
 
 # ------------------------------------------------- a cluster of processes
