@@ -231,6 +231,12 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert proc.returncode == 0, text[-4000:]
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
                    text), text[-4000:]
+  # Quiet as stock or quieter (issue 16): the demo once printed TensorFlow's
+  # QueueRunner deprecation in every process, from our runner's constructor.
+  package = str(ROOT / "sync_replicas") + os.sep
+  ours = [line for line in text.splitlines()
+          if "deprecated" in line and package in line]
+  assert not ours, "\n".join(ours)
 
 
 def _run_bounded(argv):
