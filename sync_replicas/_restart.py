@@ -141,17 +141,17 @@ class Generations:
                            tf.not_equal(global_step, 0),
                            name="may_hold_leftovers")
 
-  def drain_tokens_op(self, token_queue):
-    """Empties the token queue once the generation moved past 0.
+  def restarted(self):
+    """Whether to drain the token queues: true once the generation moved
+    past 0, read after this start's ``start_op``.
 
-    On a restart, what is queued carries an earlier generation's steps. On
-    the first start nothing earlier exists, and the queue may already hold
-    the init tokens (a script that runs the init-tokens op before
-    ``chief_init_op``, valid with stock): those stay.
+    On a restart, what the token queues hold carries an earlier
+    generation's steps. On the first start nothing earlier exists, and a
+    queue may already hold the init tokens (a script that runs the
+    init-tokens op before ``chief_init_op``, valid with stock): those stay.
+    The token policy builds the drains (``_tokens.SharedTokens.drain_ops``).
     """
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope), \
         tf.control_dependencies([self.start_op]):
-      restarted = tf.greater(self._generation(), 0)
-      count = tf.where(restarted, token_queue.size(), 0)
-      return token_queue.dequeue_up_to(count, name="drain_tokens").op
+      return tf.greater(self._generation(), 0)

@@ -2,9 +2,10 @@
 
 Owns the ``sync_token_q`` FIFOQueue on the global step's device, the chief's
 per-update enqueue of ``tokens_per_step`` copies of the new global step, the
-worker's dequeue, and the one-off init-tokens op; and the two token policies
-(``SharedTokens``, stock's; ``PerWorkerTokens``, ``one_gradient_per_worker``)
-that own all of these for a built optimizer.
+worker's dequeue, the one-off init-tokens op and the drains of a restarted
+chief; and the two token policies (``SharedTokens``, stock's;
+``PerWorkerTokens``, ``one_gradient_per_worker``) that own all of these for a
+built optimizer. When to drain is ``_restart``'s to say.
 """
 
 import tensorflow as tf
@@ -129,7 +130,7 @@ class SharedTokens:
 
   def __init__(self, *, shared_prefix, tokens_per_step):
     self._prefix = shared_prefix
-    self._scope = None
+    self._scope = self._device = None
     self._tokens_per_step = tokens_per_step
     self.shared_name = shared_prefix + TOKEN_QUEUE_NAME
     self.token_queue = None
@@ -149,7 +150,7 @@ class SharedTokens:
 
     ``scope`` is our own name scope (``<name>_status/``), for our queues.
     """
-    self._scope = scope
+    self._scope, self._device = scope, global_step.device
     with tf.compat.v1.device(global_step.device), \
         tf.compat.v1.name_scope(""):
       self.token_queue = create_queue(global_step.dtype.base_dtype,
@@ -183,6 +184,31 @@ class SharedTokens:
     with tf.compat.v1.device(global_step.device), \
         tf.compat.v1.name_scope(""), tf.control_dependencies(after()):
       return fill_op(self.token_queue, global_step, count, encode=encode)
+
+  def drain_ops(self, restarted, *, after):
+    """The chief's drains: every queue emptied if ``restarted()`` is true.
+
+    A restarted chief's queues hold tokens of an earlier generation's steps;
+    on a first start they may hold the init tokens, which must stay.
+
+    Args:
+      restarted: Builds the predicate (``_restart.Generations.restarted``,
+        which decides when); called once per queue, each drain reading it.
+      after: The ops every drain's reads follow (this start's
+        ``Generations.start_op``).
+
+    Returns:
+      One op per queue in ``queues``, for ``chief_init_op``.
+    """
+    drains = []
+    for queue in self.queues:
+      when = restarted()
+      with tf.compat.v1.device(self._device), \
+          tf.compat.v1.name_scope(self._scope), \
+          tf.control_dependencies(after):
+        count = tf.where(when, queue.size(), 0)
+        drains.append(queue.dequeue_up_to(count, name="drain_tokens").op)
+    return drains
 
   def close_op(self):
     """What the chief's runner closes besides ``sync_token_q``: nothing."""

@@ -507,7 +507,8 @@ class _Build:
             self.routes.accumulators, self.global_step,
             generations=self.generations, after=self.generations.start_op,
             scope=self.scope),
-        *[self.generations.drain_tokens_op(q) for q in self.tokens.queues],
+        *self.tokens.drain_ops(self.generations.restarted,
+                               after=[self.generations.start_op]),
         *self.stats.init_ops())
 
   def result(self):
