@@ -581,10 +581,6 @@ def test_total_num_replicas_zero_means_replicas_to_aggregate():
 # ------------------------------------------------------------- validation
 
 
-def sgd():
-  return tf.compat.v1.train.GradientDescentOptimizer(1.0)
-
-
 @pytest.mark.parametrize("kwargs, message", [
     ({"replica_id": None}, r"replica_id is required.*\[0, 2\)"),
     ({"replica_id": 2},
@@ -605,7 +601,7 @@ def sgd():
 def test_constructor_rejects(graph, kwargs, message):
   kwargs = dict({"replicas_to_aggregate": 2, "replica_id": 0}, **kwargs)
   with pytest.raises(ValueError, match=message):
-    legacy.SyncReplicasOptimizer(sgd(), **kwargs)
+    legacy.SyncReplicasOptimizer(support.sgd(), **kwargs)
   assert not graph.get_operations()
 
 
@@ -616,7 +612,7 @@ def test_constructor_rejects_a_non_optimizer(graph):
 
 
 def test_accessors_before_apply_gradients(graph):
-  opt = legacy.SyncReplicasOptimizer(sgd(), 2, replica_id=0)
+  opt = legacy.SyncReplicasOptimizer(support.sgd(), 2, replica_id=0)
   with pytest.raises(ValueError, match=r"^Should be called after apply_grad"):
     opt.get_chief_queue_runner()
   with pytest.raises(ValueError, match=r"^get_init_tokens_op\(\) should be"):
@@ -662,7 +658,7 @@ def test_apply_gradients_rejects_before_building(graph, case, message):
             tf.compat.v1.Variable(1.0))], global_step),
   }[case]
   before = len(graph.get_operations())
-  opt = legacy.SyncReplicasOptimizer(sgd(), 2, replica_id=0)
+  opt = legacy.SyncReplicasOptimizer(support.sgd(), 2, replica_id=0)
   with pytest.raises(ValueError, match=message):
     opt.apply_gradients(args[0], global_step=args[1])
   assert len(graph.get_operations()) == before and not opt.is_built
