@@ -24,6 +24,7 @@ import tensorflow as tf
 
 _LOG = logging.getLogger("examples.task")
 
+# Not sync_replicas._ports.LOOPBACK: examples use only the public API.
 LOOPBACK = "127.0.0.1"
 _DEFAULT_PS = LOOPBACK + ":2222"
 _DEFAULT_WORKERS = ",".join("%s:%d" % (LOOPBACK, p) for p in (2223, 2224, 2225))

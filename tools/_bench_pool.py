@@ -25,7 +25,9 @@ TASK = ROOT / "tools" / "_bench_task.py"
 
 
 # The driver needs no TensorFlow: the ports module is loaded by its path.
-free_ports = _by_path.ports().free_ports
+_ports = _by_path.ports()
+free_ports = _ports.free_ports
+LOOPBACK = _ports.LOOPBACK
 
 
 class RunError(RuntimeError):
@@ -43,8 +45,8 @@ class Pool:
   def __init__(self, workers, *, log, timeout):
     ports = free_ports(workers + 1)
     self.workers = workers
-    self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
-                    "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
+    self.cluster = {"ps": ["%s:%d" % (LOOPBACK, ports[0])],
+                    "worker": ["%s:%d" % (LOOPBACK, p) for p in ports[1:]]}
     self._log = log
     self._procs = {}
     self._buffers = {}
