@@ -19,7 +19,7 @@ its first gradient counts, as with stock. On the first start the
 generation is 0 and every value is stock's. On every start but the job's
 first (``may_hold_leftovers``) the chief's init op also empties every
 accumulator of what an earlier chief left behind and, from the second start
-on, the token queue.
+on (``restarted``), the token queues; the token policy builds those drains.
 
 What it relies on: ``chief_init_op`` (the hook's and the TF 0.12 Supervisor
 recipe's chief local init). Scripts that never run it (a Supervisor with its

@@ -67,7 +67,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
   Attributes (set by ``apply_gradients``; before it they raise
   ``errors.NotBuiltError``, an ``AttributeError``, as stock's are absent):
     chief_init_op: The chief's local init: its local step plus every
-      accumulator's global step.
+      accumulator's global step; after a restart it also empties the
+      accumulators and token queues of what an earlier chief left.
     local_step_init_op: A non-chief's local init: its local step.
     ready_for_local_init_op: Lists uninitialized global variables; empty once
       the chief has initialized the model.
