@@ -201,11 +201,13 @@ def _supervisor(worker, *, recipe_012):
   return _Session(sess, close, threads)
 
 
-def _plain_session(worker, *, tokens_first=False):
+def _plain_session(worker, *, tokens_first=False, init_ops=True):
   """A plain Session with everything run by hand, chief_init_op included.
 
   ``tokens_first`` runs the init tokens before ``chief_init_op``: an order
-  stock allows (its chief_init_op never touches the token queue).
+  stock allows (its chief_init_op never touches the token queue). Without
+  ``init_ops``, neither ``chief_init_op`` nor ``local_step_init_op`` runs,
+  only the variables' initializers (issue 16's reproduction, two workers).
   """
   opt = worker.opt
   sess = tf.compat.v1.Session(worker.target, graph=worker.graph,
@@ -216,7 +218,8 @@ def _plain_session(worker, *, tokens_first=False):
     sess.run([worker.init_op, worker.local_init])
     if tokens_first:
       sess.run(worker.init_tokens)
-    sess.run(opt.chief_init_op)
+    if init_ops:
+      sess.run(opt.chief_init_op)
     if not tokens_first:
       sess.run(worker.init_tokens)
     threads = opt.get_chief_queue_runner().create_threads(
@@ -224,7 +227,8 @@ def _plain_session(worker, *, tokens_first=False):
   else:
     support.wait_until(lambda: not sess.run(worker.uninitialized).size,
                        timeout=30, what="the chief's initialization")
-    sess.run([worker.local_init, opt.local_step_init_op])
+    sess.run([worker.local_init] + ([opt.local_step_init_op] if init_ops
+                                    else []))
 
   def close():
     coord.request_stop()
@@ -244,6 +248,8 @@ MODES = {
     "plain_session_by_hand": _plain_session,
     "plain_session_tokens_before_chief_init": (
         lambda w: _plain_session(w, tokens_first=True)),
+    "plain_session_without_init_ops": (
+        lambda w: _plain_session(w, init_ops=False)),
 }
 
 
@@ -251,7 +257,8 @@ MODES = {
 #: outlives the grace period.
 STOCK_CLOSE_RAISES = {
     "supervisor_tf012_recipe", "supervisor_default_local_init",
-    "plain_session_by_hand", "plain_session_tokens_before_chief_init"}
+    "plain_session_by_hand", "plain_session_tokens_before_chief_init",
+    "plain_session_without_init_ops"}
 
 
 def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
