@@ -5,6 +5,7 @@ the test with a message instead of stalling CI.
 """
 
 import contextlib
+import importlib
 import importlib.machinery
 import importlib.util
 import os
@@ -15,6 +16,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sync_replicas
@@ -38,6 +40,46 @@ def load_tool(name):
   module = importlib.util.module_from_spec(spec)
   loader.exec_module(module)
   return module
+
+
+#: Set to 1 by tools/test (and so by CI, which runs it): a test dependency
+#: that setup.cfg's test extra pins must import, or the test fails.
+REQUIRE_TEST_DEPS_ENV = "SYNC_REPLICAS_REQUIRE_TEST_DEPS"
+
+
+def require(module, *, why):
+  """Imports ``module``, a dependency pinned in setup.cfg's test extra.
+
+  In place of ``pytest.importorskip``: under tools/test, which installs the
+  test extra and sets $SYNC_REPLICAS_REQUIRE_TEST_DEPS=1, a module that does
+  not import is a broken install, and a skip would hide it (CI would pass
+  without ever running the tests that need it). There the import error fails
+  the test, or the module's collection when called at module level, with
+  ``why`` and pip's command. Without the variable (a bare ``pytest`` run) it
+  skips, as importorskip does.
+
+  Args:
+    module: The dotted name to import, e.g. ``"kubeflow.training"``.
+    why: What needs it, for the message, e.g. ``"tests/test_tfjob.py checks
+      examples/tfjob.yaml against its models"``.
+
+  Returns:
+    The imported module.
+  """
+  # pytest then reports the skip or failure at the caller's line.
+  __tracebackhide__ = True  # pylint: disable=unused-variable
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    error = "%s: %s" % (type(e).__name__, e)
+  # Outside the except block: the message, not a chained traceback.
+  message = ("%s does not import (%s); %s. setup.cfg's test extra pins it: "
+             "pip install -e '.[test]'" % (module, error, why))
+  if os.environ.get(REQUIRE_TEST_DEPS_ENV, "") not in ("", "0"):
+    pytest.fail("%s. %s=1 (tools/test sets it) makes a missing test "
+                "dependency a failure, not a skip" % (
+                    message, REQUIRE_TEST_DEPS_ENV), pytrace=False)
+  pytest.skip(message, allow_module_level=True)
 
 
 #: No single op in these tests may block longer than this.

@@ -484,7 +484,8 @@ def _music_vae(impl, log_dir):
 
 @pytest.mark.timeout(900)
 def test_music_vae_trainer_ours_chief_exits_promptly(tmp_path):
-  pytest.importorskip("tf_slim")
+  support.require("tf_slim", why="Magenta's MusicVAE trainer trains with "
+                  "tf_slim.training.train")
   losses = {impl: _rerun_once_on_tf_request_id_collision(
       _music_vae, impl, tmp_path / impl) for impl in ("stock", "ours")}
   assert abs(losses["stock"] - losses["ours"]) < 0.3, losses

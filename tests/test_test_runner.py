@@ -3,10 +3,15 @@
 What it promises: a long file runs alone, short files share processes whose
 threads stay under PROCESS_THREADS, a file it does not know runs alone and
 first, the quick marker is read from the file, and the summary's per-file
-lines add up the tests of each file.
+lines add up the tests of each file. And tools/test's promise that a test
+dependency pinned in setup.cfg's test extra is never skipped silently:
+``support.require`` fails where tools/test runs it and skips elsewhere.
 """
 
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 import time
 
@@ -133,3 +138,65 @@ def test_every_process_draws_ports_from_a_range_of_its_own(tmp_path, expected,
   for (_, end), (start, _) in zip(ranges, ranges[1:]):
     assert end <= start  # Disjoint.
   assert all(b - a >= 100 for a, b in ranges)
+
+
+_MISSING = "sync_replicas_test_no_such_module"
+
+
+def test_require_returns_the_module_it_imports():
+  assert support.require("json", why="unused") is sys.modules["json"]
+
+
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_require_skips_a_missing_module_outside_tools_test(monkeypatch,
+                                                            value):
+  if value is None:
+    monkeypatch.delenv(support.REQUIRE_TEST_DEPS_ENV, raising=False)
+  else:
+    monkeypatch.setenv(support.REQUIRE_TEST_DEPS_ENV, value)
+  with pytest.raises(pytest.skip.Exception) as skipped:
+    support.require(_MISSING, why="the widget test needs it")
+  # Allowed at module level, where the three files call it.
+  assert skipped.value.allow_module_level
+  assert _MISSING in str(skipped.value)
+  assert "the widget test needs it" in str(skipped.value)
+
+
+def test_require_fails_a_missing_module_under_tools_test(monkeypatch):
+  monkeypatch.setenv(support.REQUIRE_TEST_DEPS_ENV, "1")
+  with pytest.raises(pytest.fail.Exception) as failed:
+    support.require(_MISSING, why="the widget test needs it")
+  message = str(failed.value)
+  assert message.startswith(
+      "%s does not import (ModuleNotFoundError: No module named '%s'); the "
+      "widget test needs it. setup.cfg's test extra pins it: pip install -e "
+      "'.[test]'." % (_MISSING, _MISSING)), message
+  assert "SYNC_REPLICAS_REQUIRE_TEST_DEPS=1 (tools/test sets it)" in message
+
+
+def test_tools_test_requires_the_test_dependencies_in_both_its_modes(
+    tmp_path):
+  # The real tools/test, with stand-ins for tools/_env.sh (which would
+  # create or check the venv) and for the venv's python (which says what
+  # it was given). A file argument runs pytest directly, anything else
+  # tools/_run_tests.py, whose processes inherit the environment.
+  (tmp_path / "tools").mkdir()
+  shutil.copy2(support.TOOLS / "test", tmp_path / "tools" / "test")
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  (tmp_path / "tools" / "_env.sh").write_text(
+      'export PATH=%s:"$PATH"\ncd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
+      % bin_dir)
+  python = bin_dir / "python"
+  python.write_text('#!/bin/sh\necho "$%s|$*"\n'
+                    % support.REQUIRE_TEST_DEPS_ENV)
+  python.chmod(0o755)
+  env = dict(os.environ)
+  env.pop(support.REQUIRE_TEST_DEPS_ENV, None)
+  ran = [subprocess.run([str(tmp_path / "tools" / "test"), *args],
+                        env=env, capture_output=True, text=True,
+                        timeout=30) for args in (["tests/test_x.py", "-q"],
+                                                 ["--quick"])]
+  assert [(p.returncode, p.stdout) for p in ran] == [
+      (0, "1|-m pytest tests/test_x.py -q\n"),
+      (0, "1|tools/_run_tests.py --quick\n")], ran

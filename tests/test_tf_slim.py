@@ -36,9 +36,9 @@ import tensorflow as tf
 import support
 import sync_replicas
 
-tf_slim = pytest.importorskip(
-    "tf_slim", reason="tf-slim is not installed (setup.cfg's test extra "
-    "pins tf-slim==1.1.0)")
+tf_slim = support.require(
+    "tf_slim", why="tests/test_tf_slim.py runs slim_train against "
+    "tf_slim.learning.train")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOGDIR_TASK = pathlib.Path(__file__).with_name("slim_logdir_task.py")

@@ -18,13 +18,14 @@ import re
 
 import pytest
 
-kubeflow_training = pytest.importorskip(
-    "kubeflow.training", reason="kubeflow-training is not installed: pip "
-    "install -e '.[test]' (tools/test does) to check examples/tfjob.yaml")
-kubernetes = pytest.importorskip(
-    "kubernetes", reason="the kubernetes client is not installed: pip "
-    "install -e '.[test]'")
-yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes")
+import support
+
+_WHY = "tests/test_tfjob.py checks examples/tfjob.yaml against its models"
+kubeflow_training = support.require("kubeflow.training", why=_WHY)
+kubernetes = support.require("kubernetes", why=_WHY)
+# PyYAML is a dependency of the kubernetes client.
+yaml = support.require("yaml", why="tests/test_tfjob.py reads "
+                       "examples/tfjob.yaml with it")
 
 from examples import digits  # pylint: disable=g-import-not-at-top
 
