@@ -6,16 +6,22 @@ loopback. These tests look from outside (this test process) and from inside
 outside fails, nothing listens on it in our namespace, and tools/status run
 the way the demo prints it reads the live job while the same command from
 outside cannot reach it. The demo test trains the real digits example to its
-end. Every process group is killed in a finally block.
+end. The same is checked for the path an ordinary user's launch takes, a
+user namespace of its own around the network one (as root, the test runs
+that launch as another uid through setpriv), with --enter joining both from
+the same user and from root, and refused to another user. Every process
+group is killed in a finally block.
 """
 
 import os
 import pathlib
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -30,6 +36,9 @@ _confine = support.load_tool("_confine.py")
 _LISTENER = r"""
 import json, os, socket, time
 task = json.loads(os.environ["TF_CONFIG"])["task"]
+print("interfaces", sorted(name for _, name in socket.if_nameindex()),
+      flush=True)
+print("ids", os.getuid(), os.getgid(), flush=True)
 if task["type"] == "ps":
   sock = socket.socket()
   sock.bind(("0.0.0.0", 2222))
@@ -65,8 +74,12 @@ class _Output:
     return "".join(self.lines)
 
   def find(self, pattern, what, timeout):
-    support.wait_until(lambda: re.search(pattern, self.text()),
-                       timeout=timeout, what=what, interval=0.1)
+    try:
+      support.wait_until(lambda: re.search(pattern, self.text()),
+                         timeout=timeout, what=what, interval=0.1)
+    except AssertionError as e:
+      raise AssertionError("%s; the output so far:\n%s"
+                           % (e, self.text()[-4000:])) from None
     return re.search(pattern, self.text())
 
   def finish(self):
@@ -85,6 +98,11 @@ def _listens(port, pid="self"):
       if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":
         return True
   return False
+
+
+#: Run inside a namespace: connects to the confined ps.
+_CONNECT = ("import socket; socket.create_connection(('127.0.0.1', 2222), "
+            "timeout=2); print('connected')")
 
 
 def _connects(port):
@@ -115,15 +133,195 @@ def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
     assert _listens(2222, ps_pid), "ps0 does not listen in its namespace"
     assert not _listens(2222), "port 2222 listens in the test's namespace"
     assert not _connects(2222), "port 2222 accepted a connection from outside"
+    for task in ("ps0", "chief0"):
+      output.find(r"\[%s\] interfaces \['lo'\]\n" % task,
+                  "%s seeing only lo" % task, timeout=20)
     inside = subprocess.run(
         [sys.executable, str(LAUNCH), "--enter", str(pid), "--",
-         sys.executable, "-c", "import socket; socket.create_connection("
-         "('127.0.0.1', 2222), timeout=2); print('connected')"],
-        cwd=ROOT, capture_output=True, text=True, timeout=20)
+         sys.executable, "-c", _CONNECT], cwd=ROOT, capture_output=True,
+        text=True, timeout=20)
     assert inside.returncode == 0 and "connected" in inside.stdout, inside
   finally:
     support.kill_group(proc)
   output.finish()
+
+
+#: As root, the test runs the launch as this ordinary user and tries --enter
+#: as another one. setpriv takes any uid; neither needs an entry in
+#: /etc/passwd. Not nobody (65534): that is also the id an unmapped user
+#: gets inside a user namespace, which would hide a missing id map.
+ORDINARY_UID = 54321
+OTHER_UID = 54322
+
+
+def _as_user(uid):
+  """The argv prefix that runs a command as ``uid``, in no other group.
+
+  Changing every uid from 0 drops all capabilities, so the command is an
+  ordinary user's: _confine's root path (a bare network namespace) is not
+  open to it.
+  """
+  return ["setpriv", "--reuid=%d" % uid, "--regid=%d" % uid,
+          "--clear-groups", "--"]
+
+
+def _ns(pid, kind):
+  return os.stat("/proc/%s/ns/%s" % (pid, kind)).st_ino
+
+
+def _real_uid(pid):
+  with open("/proc/%d/status" % pid) as f:
+    return int(next(l for l in f if l.startswith("Uid:")).split()[1])
+
+
+def _ordinary_user(copy):
+  """(argv prefix, a Python it may run) for an ordinary user's launch.
+
+  Skips, saying why, only where this machine cannot give an ordinary user
+  a user namespace with a network namespace in it, or cannot run one at
+  all. ``copy`` holds the launcher's files, readable by anyone.
+  """
+  if os.geteuid() != 0:
+    # This process is the ordinary user: the other tests here already take
+    # the same path; this one checks it explicitly.
+    return [], sys.executable
+  if shutil.which("setpriv") is None:
+    pytest.skip("no setpriv (util-linux) to run the launch as an ordinary "
+                "user; as root, the other tests here cover the root path")
+  prefix = _as_user(ORDINARY_UID)  # Its gid is the same number.
+  # An interpreter under /root (pyenv's, and so the venv's) is closed to
+  # other users; the launcher needs only the standard library. The probe
+  # asks what the launch does of its command (shutil.which): here the
+  # kernel once ran a pyenv binary under /root for nobody, with the
+  # system's libpython, while which() rightly said it is no program of
+  # nobody's.
+  tried = []
+  for python in dict.fromkeys([sys.executable,
+                               shutil.which("python3", path=os.defpath)]):
+    if python is None:
+      continue
+    probe = subprocess.run(
+        prefix + [python, "-c", "import shutil, sys; open(%r).close(); "
+                  "sys.exit('not a program of this user' if shutil.which(%r) "
+                  "is None else 0)" % (str(copy / "tools" / "launch"),
+                                       python)],
+        capture_output=True, text=True, timeout=30)
+    if probe.returncode == 0:
+      break
+    tried.append("%s: %s" % (python, probe.stderr.strip()[-200:]))
+  else:
+    pytest.skip("no Python interpreter that uid %d may run (%s)"
+                % (ORDINARY_UID, "; ".join(tried)))
+  # The platform's own verdict, independent of tools/_confine.py: util-
+  # linux's unshare makes the same two namespaces in one call, as _confine
+  # does. max_user_namespaces=0, Debian's unprivileged_userns_clone=0,
+  # Ubuntu's AppArmor restriction or a container's seccomp profile refuse
+  # it; tools/launch then stops with one line (tested above).
+  try:
+    with open("/proc/sys/user/max_user_namespaces") as f:
+      if int(f.read()) == 0:
+        pytest.skip("user namespaces are disabled here "
+                    "(/proc/sys/user/max_user_namespaces is 0)")
+  except OSError:
+    pass
+  if shutil.which("unshare") is not None:
+    probe = subprocess.run(prefix + ["unshare", "--user", "--net", "true"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+      pytest.skip("this machine gives an ordinary user no user namespace "
+                  "(unshare --user --net as uid %d: %s)"
+                  % (ORDINARY_UID, probe.stderr.strip()))
+  return prefix, python
+
+
+def _stop(proc):
+  """SIGTERM (the launcher then stops its tasks), then SIGKILL its group."""
+  if proc.returncode is None:
+    proc.terminate()
+    try:
+      proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      pass
+  support.kill_group(proc)
+
+
+@pytest.mark.timeout(120)
+def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
+  # The path of every launch by a user other than root: unshare(CLONE_NEWUSER
+  # | CLONE_NEWNET), the uid and gid mapped to themselves, lo brought up
+  # with the capability the user namespace grants; and --enter joining the
+  # user namespace before the network one.
+  if _listens(2222):
+    pytest.skip("something on this machine already listens on 2222, which "
+                "would make 'closed outside' untestable here")
+  # The ordinary user must read the launcher and the modules it loads by
+  # path. pytest's tmp_path lies under a directory only its owner may enter,
+  # and so may the checkout: a copy in a directory of this test's own.
+  with tempfile.TemporaryDirectory(prefix="sync_replicas_confine_") as copy:
+    copy = pathlib.Path(copy)
+    for folder in ("tools", "sync_replicas"):
+      shutil.copytree(ROOT / folder, copy / folder,
+                      ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [copy, *copy.rglob("*")]:
+      path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    prefix, python = _ordinary_user(copy)
+    uid = ORDINARY_UID if prefix else os.getuid()
+    gid = ORDINARY_UID if prefix else os.getgid()
+    launch = str(copy / "tools" / "launch")
+    proc = subprocess.Popen(
+        prefix + [python, launch, "--ps", "1", "--workers", "1", "--",
+                  python, "-c", _LISTENER], cwd=copy, env=_env(SLEEP="60"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+      output = _Output(proc)
+      confined = output.find(r"confined to a private (.+?) with only "
+                             r"loopback.*--enter (\d+)", "the launch's "
+                             "confined line", timeout=30)
+      assert confined.group(1) == "user and network namespace", (
+          output.text())
+      pid = int(confined.group(2))
+      assert pid == proc.pid
+      output.find(r"\[ps0\] listening", "ps0 listening", timeout=30)
+      ps_pid = int(output.find(r"started ps0 \(pid (\d+)\)", "ps0's pid",
+                               timeout=5).group(1))
+      for task in ("ps0", "chief0"):
+        output.find(r"\[%s\] interfaces \['lo'\]\n" % task,
+                    "%s seeing only lo" % task, timeout=30)
+      # Namespaces of its own, and still the user's processes: its uid and
+      # gid are mapped to themselves, so it sees its own ids inside.
+      assert _ns(ps_pid, "user") != _ns("self", "user")
+      assert _ns(ps_pid, "net") != _ns("self", "net")
+      assert _real_uid(pid) == _real_uid(ps_pid) == uid
+      for task in ("ps0", "chief0"):
+        output.find(r"\[%s\] ids %d %d\n" % (task, uid, gid),
+                    "%s's own uid and gid inside" % task, timeout=30)
+      assert _listens(2222, ps_pid), "ps0 does not listen in its namespace"
+      assert not _listens(2222), "port 2222 listens in the test's namespace"
+      assert not _connects(2222), (
+          "port 2222 accepted a connection from outside")
+      enter = [launch, "--enter", str(pid), "--"]
+      inside = subprocess.run(prefix + [python, *enter, python, "-c",
+                                        _CONNECT], cwd=copy,
+                              capture_output=True, text=True, timeout=30)
+      assert inside.returncode == 0 and "connected" in inside.stdout, inside
+      if prefix:
+        # docs/security.md: root can enter it too, another user cannot.
+        as_root = subprocess.run(
+            [sys.executable, *enter, sys.executable, "-c", _CONNECT],
+            cwd=copy, capture_output=True, text=True, timeout=30)
+        assert as_root.returncode == 0 and "connected" in as_root.stdout, (
+            as_root)
+        other = subprocess.run(
+            _as_user(OTHER_UID) + [python, *enter, python, "-c", _CONNECT],
+            cwd=copy, capture_output=True, text=True, timeout=30)
+        assert other.returncode == 2, other
+        assert ("cannot enter the namespace of launch %d" % pid
+                in other.stderr), other
+        assert "connected" not in other.stdout
+    finally:
+      _stop(proc)
+    output.finish()
 
 
 @pytest.mark.timeout(60)
