@@ -82,6 +82,23 @@ def require(module, *, why):
   pytest.skip(message, allow_module_level=True)
 
 
+def is_machine_root():
+  """Whether this process is root of the machine, not only of a namespace.
+
+  uid 0 in the initial user namespace (whose uid map is the identity over
+  every id). uid 0 of a user namespace of its own, as under ``unshare -r``,
+  holds its capabilities over that namespace only: it cannot mount, so
+  ``ip netns add`` fails, nor become any user the namespace does not map.
+  """
+  if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    return False
+  try:
+    with open("/proc/self/uid_map") as f:
+      return f.read().split() == ["0", "0", "4294967295"]
+  except OSError:  # A kernel without user namespaces: root is root.
+    return True
+
+
 #: No single op in these tests may block longer than this.
 OP_TIMEOUT_MS = 30_000
 

@@ -185,6 +185,9 @@ def _ordinary_user(copy):
     # This process is the ordinary user: the other tests here already take
     # the same path; this one checks it explicitly.
     return [], sys.executable
+  if not support.is_machine_root():
+    pytest.skip("this process is uid 0 of a user namespace (as under "
+                "unshare -r), which maps no other user to become")
   if shutil.which("setpriv") is None:
     pytest.skip("no setpriv (util-linux) to run the launch as an ordinary "
                 "user; as root, the other tests here cover the root path")

@@ -135,8 +135,9 @@ def test_short_soak_trains_through_random_kills_of_every_role(tmp_path):
 
 
 root_only = pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() != 0,
-    reason="network namespaces and veth links need root")
+    not support.is_machine_root(),
+    reason="network namespaces and veth links need the machine's root (uid "
+    "0 of a user namespace, as under unshare -r, cannot mount /run/netns)")
 
 
 def _ip_names():
