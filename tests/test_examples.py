@@ -7,6 +7,7 @@ chance. digits, sparse_clicks and digits_estimator run under tools/launch
 wait is bounded and every process group is killed in a finally block.
 """
 
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -15,9 +16,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
+from examples import _digits
 from examples import _task
 from examples import digits_estimator
 from sync_replicas import cluster as cluster_lib
@@ -151,6 +154,53 @@ def test_example_parses_no_flags_at_import(module, monkeypatch):
   mod = __import__("examples." + module, fromlist=["main"])
   assert callable(mod.main)
   assert "# sync_replicas:" in pathlib.Path(mod.__file__).read_text()
+
+
+def test_digits_are_sklearns_own_bit_for_bit_without_importing_it(
+    tmp_path, monkeypatch):
+  """examples/_digits reads scikit-learn's bundled file itself, with no
+  ``import sklearn``. Its arrays must be exactly those of
+  sklearn.datasets.load_digits, run here in a child process."""
+  reference = tmp_path / "sklearn_digits.npz"
+  code = ("import sys\n"
+          "import numpy as np\n"
+          "import sklearn\n"
+          "from sklearn import datasets\n"
+          "data, target = datasets.load_digits(return_X_y=True)\n"
+          "np.savez(sys.argv[1], data=data, target=target)\n"
+          "print(sklearn.__file__)\n")
+  proc = subprocess.run([sys.executable, "-c", code, str(reference)],
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  want = np.load(reference)
+  # The same installation's file as sklearn's own loader read.
+  sklearn_dir = pathlib.Path(proc.stdout.strip().splitlines()[-1]).parent
+  assert pathlib.Path(_digits.digits_file()).resolve() == (
+      sklearn_dir / "datasets" / "data" / "digits.csv.gz").resolve()
+
+  monkeypatch.setitem(sys.modules, "sklearn", None)  # Any import now fails.
+  data, target = _digits.load_digits()
+  for got, expected in ((data, want["data"]), (target, want["target"])):
+    assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+    assert got.tobytes() == expected.tobytes()
+  assert data.shape == (1797, 64) and sorted(set(target)) == list(range(10))
+  # load(), the examples' split, is what it was when it called sklearn.
+  ours = _digits.load(replica_index=1, num_replicas=3)
+  monkeypatch.setattr(_digits, "load_digits",
+                      lambda: (want["data"], want["target"]))
+  theirs = _digits.load(replica_index=1, num_replicas=3)
+  for got, expected in zip(ours, theirs):
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+def test_digits_without_scikit_learn_say_how_to_install_it(monkeypatch):
+  def missing(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr(importlib.metadata, "distribution", missing)
+  with pytest.raises(SystemExit, match=r"need scikit-learn .*pip install "
+                     r"scikit-learn"):
+    _digits.load()
 
 
 def _args(argv=()):
