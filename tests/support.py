@@ -31,6 +31,34 @@ def sgd(rate=1.0):
 
 #: The project's tools/ folder.
 TOOLS = pathlib.Path(__file__).resolve().parent.parent / "tools"
+#: What tools/_run_tests.py puts first on PYTHONPATH: a stub ``sklearn`` that
+#: fails to import, so that ``import tensorflow`` skips Keras's scikit-learn
+#: wrapper (see tools/_run_tests.py).
+HIDDEN = pathlib.Path(__file__).resolve().parent / "_hidden"
+
+
+def pythonpath(*dirs, environ=None):
+  """PYTHONPATH for a child: ``dirs`` first, then the inherited entries.
+
+  Keeps what the test runner put there (HIDDEN), so that the child's
+  ``import tensorflow`` is as cheap as this process's.
+  """
+  environ = os.environ if environ is None else environ
+  inherited = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p]
+  return os.pathsep.join([str(d) for d in dirs] + inherited)
+
+
+def without_hidden(environ=None):
+  """A copy of the environment with HIDDEN off PYTHONPATH: real sklearn."""
+  env = dict(os.environ if environ is None else environ)
+  kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+          if p and pathlib.Path(p).resolve() != HIDDEN]
+  if kept:
+    env["PYTHONPATH"] = os.pathsep.join(kept)
+  else:
+    env.pop("PYTHONPATH", None)
+  return env
 
 
 def load_tool(name):

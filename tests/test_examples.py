@@ -159,8 +159,9 @@ def test_example_parses_no_flags_at_import(module, monkeypatch):
 def test_digits_are_sklearns_own_bit_for_bit_without_importing_it(
     tmp_path, monkeypatch):
   """examples/_digits reads scikit-learn's bundled file itself, with no
-  ``import sklearn``. Its arrays must be exactly those of
-  sklearn.datasets.load_digits, run here in a child process."""
+  ``import sklearn`` (the suite hides it: tools/_run_tests.py). Its arrays
+  must be exactly those of sklearn.datasets.load_digits, run here in a child
+  process that imports the real scikit-learn."""
   reference = tmp_path / "sklearn_digits.npz"
   code = ("import sys\n"
           "import numpy as np\n"
@@ -170,8 +171,8 @@ def test_digits_are_sklearns_own_bit_for_bit_without_importing_it(
           "np.savez(sys.argv[1], data=data, target=target)\n"
           "print(sklearn.__file__)\n")
   proc = subprocess.run([sys.executable, "-c", code, str(reference)],
-                        capture_output=True, text=True, timeout=120,
-                        check=False)
+                        env=support.without_hidden(), capture_output=True,
+                        text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   want = np.load(reference)
   # The same installation's file as sklearn's own loader read.
@@ -254,7 +255,7 @@ def test_wait_for_chief_survives_a_ps_restart(tmp_path):
   cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
              "worker": ["127.0.0.1:%d" % ports[1]]}
   spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
-  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT))
 
   def start_ps():
     return subprocess.Popen(

@@ -72,7 +72,7 @@ class Task:
     self.log = log_dir / ("%s-%s.log" % (impl, name))
     env = dict(os.environ, SYNC_REPLICAS_IMPL=impl, PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(SCRIPTS)]))
+               PYTHONPATH=support.pythonpath(ROOT, SCRIPTS))
     with open(self.log, "wb") as out:
       # coreutils' timeout stays in the task's process group: a kill of the
       # group (kill_group, signal) reaches both; it exits with the task's

@@ -66,7 +66,8 @@ class Job:
   def start(self, job, task):
     spec = dict(self.base, job=job, task=task, out=str(self.out(job, task)))
     log = open(self.tmp / ("%s%d.log" % (job, task)), "ab")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
+               TF_CPP_MIN_LOG_LEVEL="2")
     self.procs[(job, task)] = subprocess.Popen(
         [sys.executable, str(TASK), json.dumps(spec)], stdout=log,
         stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -174,12 +174,10 @@ def test_require_fails_a_missing_module_under_tools_test(monkeypatch):
   assert "SYNC_REPLICAS_REQUIRE_TEST_DEPS=1 (tools/test sets it)" in message
 
 
-def test_tools_test_requires_the_test_dependencies_in_both_its_modes(
-    tmp_path):
-  # The real tools/test, with stand-ins for tools/_env.sh (which would
-  # create or check the venv) and for the venv's python (which says what
-  # it was given). A file argument runs pytest directly, anything else
-  # tools/_run_tests.py, whose processes inherit the environment.
+def _stand_in_tools_test(tmp_path, echo):
+  """The real tools/test, with stand-ins for tools/_env.sh (which would
+  create or check the venv) and for the venv's python (which prints
+  ``echo``, a shell word). Returns the copy's path."""
   (tmp_path / "tools").mkdir()
   shutil.copy2(support.TOOLS / "test", tmp_path / "tools" / "test")
   bin_dir = tmp_path / "bin"
@@ -188,9 +186,17 @@ def test_tools_test_requires_the_test_dependencies_in_both_its_modes(
       'export PATH=%s:"$PATH"\ncd "$(dirname "${BASH_SOURCE[0]}")/.."\n'
       % bin_dir)
   python = bin_dir / "python"
-  python.write_text('#!/bin/sh\necho "$%s|$*"\n'
-                    % support.REQUIRE_TEST_DEPS_ENV)
+  python.write_text('#!/bin/sh\necho %s\n' % echo)
   python.chmod(0o755)
+  return tmp_path / "tools" / "test"
+
+
+def test_tools_test_requires_the_test_dependencies_in_both_its_modes(
+    tmp_path):
+  # The stand-in python says what it was given. A file argument runs
+  # pytest directly, anything else tools/_run_tests.py, whose processes
+  # inherit the environment.
+  _stand_in_tools_test(tmp_path, '"$%s|$*"' % support.REQUIRE_TEST_DEPS_ENV)
   env = dict(os.environ)
   env.pop(support.REQUIRE_TEST_DEPS_ENV, None)
   ran = [subprocess.run([str(tmp_path / "tools" / "test"), *args],
@@ -200,3 +206,47 @@ def test_tools_test_requires_the_test_dependencies_in_both_its_modes(
   assert [(p.returncode, p.stdout) for p in ran] == [
       (0, "1|-m pytest tests/test_x.py -q\n"),
       (0, "1|tools/_run_tests.py --quick\n")], ran
+
+
+def test_every_process_hides_sklearn_and_says_why(tmp_path, monkeypatch):
+  # Keras 3 imports scikit-learn (and SciPy) with TensorFlow when it can:
+  # each process gets a stub first on PYTHONPATH, which children inherit,
+  # and whose import fails. The digits' file is still found by metadata.
+  monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+  env = _run_tests.Job("tests/test_x.py", [], [], tmp_path).environment()
+  assert _run_tests.HIDDEN == support.HIDDEN
+  assert env["PYTHONPATH"].split(os.pathsep) == [str(support.HIDDEN),
+                                                 "/elsewhere"]
+  code = ("import importlib.metadata\n"
+          "try:\n"
+          "  import sklearn\n"
+          "except ImportError as e:\n"
+          "  print(e)\n"
+          "else:\n"
+          "  raise SystemExit('imported ' + sklearn.__file__)\n"
+          "dist = importlib.metadata.distribution('scikit-learn')\n"
+          "print(dist.locate_file(%r).is_file())\n"
+          % "sklearn/datasets/data/digits.csv.gz")
+  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60,
+                        check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "sklearn is hidden in the test suite's processes" in proc.stdout
+  assert proc.stdout.split()[-1] == "True", proc.stdout
+  # A child's PYTHONPATH keeps it; the one test that needs the real
+  # scikit-learn takes it off.
+  assert support.pythonpath("/root", environ=env).split(os.pathsep) == [
+      "/root", str(support.HIDDEN), "/elsewhere"]
+  assert support.without_hidden(env)["PYTHONPATH"] == "/elsewhere"
+
+
+def test_tools_test_hides_sklearn_when_it_runs_files_itself(tmp_path,
+                                                            monkeypatch):
+  # Named files run in one pytest process, not through _run_tests.py: the
+  # same stub comes first on PYTHONPATH there too.
+  test = _stand_in_tools_test(tmp_path, '"$PYTHONPATH"')
+  monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+  proc = subprocess.run([str(test), "tests/test_x.py"], capture_output=True,
+                        text=True, timeout=30, check=False)
+  assert (proc.returncode, proc.stdout.strip().split(os.pathsep)) == (
+      0, [str(tmp_path / "tests" / "_hidden"), "/elsewhere"]), proc

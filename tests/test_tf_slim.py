@@ -269,7 +269,8 @@ def test_slim_train_with_logdir_saves_and_returns_promptly_with_ours(
   # Supervisor.stop() itself, then managed_session's exit calls it again.
   # Its service threads need eager execution off process-wide, as in a
   # ported script: hence a process of its own.
-  env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
+             TF_CPP_MIN_LOG_LEVEL="2")
   proc = subprocess.run(
       [sys.executable, str(LOGDIR_TASK), str(tmp_path)], env=env,
       capture_output=True, text=True, timeout=120, check=False)

@@ -14,6 +14,13 @@ added up, stay under PROCESS_THREADS), which saves a TensorFlow import
 because much of the suite waits on RPCs, deadlines and child processes; the
 two cores are what bounds it, so fewer imports matter as much as overlap.
 
+scikit-learn is hidden from every process: TESTS/_hidden, first on
+PYTHONPATH (children inherit it), holds a stub ``sklearn`` that fails to
+import, so that ``import tensorflow`` on 2.16+ skips Keras 3's scikit-learn
+wrapper, which would import scikit-learn and SciPy (measured: about 1.7 s of
+CPU per process, a quarter of the import). No test needs it: the digits are
+read from scikit-learn's file directly (examples/_digits.py).
+
 A new file needs nothing: the glob finds it and, until its measured time and
 threads are added to EXPECTED, it runs alone and starts first (as if it were
 the slowest). Before starting a process the scheduler also checks the threads
@@ -36,6 +43,18 @@ import _by_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
+#: First on every pytest process's PYTHONPATH: its stub ``sklearn`` keeps
+#: Keras from importing scikit-learn at ``import tensorflow``.
+HIDDEN = TESTS / "_hidden"
+
+
+def hiding_env(environ):
+  """A copy of ``environ`` with HIDDEN first on PYTHONPATH."""
+  env = dict(environ)
+  env["PYTHONPATH"] = os.pathsep.join(
+      [str(HIDDEN)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                       if p and p != str(HIDDEN)])
+  return env
 
 
 # The scheduler needs no TensorFlow: the ports module is loaded by its path.
@@ -139,15 +158,20 @@ class Job:
 
   def launch(self):
     self.start = time.monotonic()
-    env = dict(os.environ)
-    if self.ports is not None:
-      env[PORT_RANGE_ENV] = "%d-%d" % self.ports
+    env = self.environment()
     with open(self.log, "wb") as out:
       # Its own session: a kill reaches pytest and whatever it started in
       # its group.
       self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=out,
                                    stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
+
+  def environment(self):
+    """The process's environment: ours, sklearn hidden, its ports."""
+    env = hiding_env(os.environ)
+    if self.ports is not None:
+      env[PORT_RANGE_ENV] = "%d-%d" % self.ports
+    return env
 
   def threads(self):
     """The process's current thread count (0 once it has exited)."""
