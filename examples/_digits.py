@@ -7,7 +7,8 @@ sync_replicas.
 
 The digits are read from scikit-learn's own data file, found through the
 package's metadata, without importing ``sklearn``: importing it (SciPy
-included) costs about 1.7 s of CPU in each process that loads the digits.
+included) costs about a second of CPU even after TensorFlow's import, in each
+process that loads the digits.
 """
 
 import collections

@@ -16,10 +16,11 @@ two cores are what bounds it, so fewer imports matter as much as overlap.
 
 scikit-learn is hidden from every process: TESTS/_hidden, first on
 PYTHONPATH (children inherit it), holds a stub ``sklearn`` that fails to
-import, so that ``import tensorflow`` on 2.16+ skips Keras 3's scikit-learn
-wrapper, which would import scikit-learn and SciPy (measured: about 1.7 s of
-CPU per process, a quarter of the import). No test needs it: the digits are
-read from scikit-learn's file directly (examples/_digits.py).
+import, so that ``import tensorflow`` skips Keras 3's scikit-learn wrapper
+(TensorFlow 2.21; 2.15's Keras 2 has none), which imports scikit-learn and
+more of SciPy: measured, about 1.2 of the import's ~6 CPU-seconds, in each
+TensorFlow process. No test needs it: the digits are read from
+scikit-learn's file directly (examples/_digits.py).
 
 A new file needs nothing: the glob finds it and, until its measured time and
 threads are added to EXPECTED, it runs alone and starts first (as if it were
