@@ -50,11 +50,8 @@ class Pool:
     self._log = log
     self._procs = {}
     self._buffers = {}
-    # ROOT first, the caller's entries kept (./tools/test's hidden sklearn:
-    # tools/_run_tests.py).
-    pythonpath = os.pathsep.join(
-        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=_by_path.child_pythonpath(),
+               TF_CPP_MIN_LOG_LEVEL="2")
     started = time.monotonic()
     try:
       for job, task in [("ps", 0)] + [("worker", t) for t in range(workers)]:

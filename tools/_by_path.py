@@ -6,6 +6,7 @@ bench's driver and the test scheduler all use ``sync_replicas/_ports.py``.
 """
 
 import importlib.util
+import os
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -22,3 +23,11 @@ def load(relative, name):
 def ports():
   """``sync_replicas/_ports.py``: free loopback ports, the port range."""
   return load("sync_replicas/_ports.py", "_sync_replicas_ports")
+
+
+def child_pythonpath():
+  """PYTHONPATH for a child that imports this checkout: ROOT first, then the
+  caller's own entries, kept (./tools/test puts tests/_hidden there, which
+  hides scikit-learn from Keras: tools/_run_tests.py says why)."""
+  return os.pathsep.join(
+      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
