@@ -133,12 +133,13 @@ class Generations:
     pushed by this job's replicas before ``chief_init_op`` ran: stock keeps
     it, and so do we. On any other start (a restarted chief, a job restored
     from a checkpoint) leftovers cannot be told apart from such early
-    pushes, and the accumulators are cleared. Build it after ``start_op``.
+    pushes, and the accumulators are cleared. Build it after ``start_op``
+    (``restarted`` orders its own read after it).
     """
+    restarted = self.restarted()
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope):
-      return tf.logical_or(tf.greater(self._generation(), 0),
-                           tf.not_equal(global_step, 0),
+      return tf.logical_or(restarted, tf.not_equal(global_step, 0),
                            name="may_hold_leftovers")
 
   def restarted(self):
