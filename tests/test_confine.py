@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -411,6 +412,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     # tools/launch starts each task as the leader of a process group.
     chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
                             "the chief's pid", timeout=1).group(1))
+    held_at = time.monotonic()
     with support.held(lambda signum: os.killpg(chief, signum)):
       assert proc.poll() is None, "the demo ended before its chief was held"
       # Side by side, to spend TensorFlow's import time once: the printed
@@ -419,6 +421,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
       outside = _run_bounded(argv[4:] + ["--timeout", "3"])
       inside, outside = inside.finish(240), outside.finish(240)
       still_training = proc.poll() is None
+    held_secs = time.monotonic() - held_at
     proc.wait(timeout=300)
   finally:
     support.kill_group(proc)
@@ -429,15 +432,25 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert still_training, "training ended before tools/status returned"
   assert outside.returncode == 1, (outside.stdout, outside.stderr)
   assert "could not reach the job at grpc://127.0.0.1:2222" in outside.stderr
-  assert proc.returncode == 0, text[-4000:]
+  # How long the chief was held (the workers' op timeout is 120 s), every
+  # task's own lines, then the end of the output.
+  story = "chief held %.1f s\n%s\n...\n%s" % (
+      held_secs, _own_lines(text)[-6000:], text[-3000:])
+  assert proc.returncode == 0, story
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
-                   text), text[-4000:]
+                   text), story
   # Quiet as stock or quieter (issue 16): the demo once printed TensorFlow's
   # QueueRunner deprecation in every process, from our runner's constructor.
   package = str(ROOT / "sync_replicas") + os.sep
   ours = [line for line in text.splitlines()
           if "deprecated" in line and package in line]
   assert not ours, "\n".join(ours)
+
+
+def _own_lines(text):
+  """The output's lines but for tracebacks' frames and code (indented)."""
+  return "\n".join(line for line in text.splitlines()
+                   if not re.match(r"(\[\w+\] )?\s", line))
 
 
 def _run_bounded(argv):
