@@ -11,10 +11,6 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import support  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
-# Every process a test starts imports TensorFlow without Keras, which none of
-# them uses (tests/_hidden_from_tasks says what that saves); this one keeps it.
-support.hide_from_tasks()
-
 
 def pytest_configure(config):
   # Registered here rather than in setup.cfg: tools/_env.sh reinstalls every

@@ -40,12 +40,11 @@ def _env():
 
 
 
-def _launch(cluster_args, module, *argv, timeout=150, env=None):
+def _launch(cluster_args, module, *argv, timeout=150):
   """Runs ``module`` under tools/launch; returns its output, checks exit 0."""
   cmd = [sys.executable, str(LAUNCH), *cluster_args, "--timeout",
          str(timeout), "--", sys.executable, "-m", module, *argv]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env or _env(),
-                          stdout=subprocess.PIPE,
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True)
   try:
     out, _ = proc.communicate(timeout=timeout + 30)
@@ -132,10 +131,9 @@ def test_sparse_clicks_learns_through_sparse_accumulators(tmp_path):
     "with SYNC_REPLICAS_TF='tensorflow-cpu==2.15.*' SYNC_REPLICAS_VENV="
     ".venv-215" % tf.__version__))
 def test_estimator_learns_with_the_hook_in_train(tmp_path):
-  # The Estimator imports Keras, which the tests' children lack otherwise.
   out = _launch(["--ps", "1", "--workers", "2", "--backup", "1"],
                 "examples.digits_estimator", "--steps", "100", "--logdir",
-                str(tmp_path), env=support.with_keras(_env()))
+                str(tmp_path))
   assert _final_accuracy(out) > 0.8, out[-4000:]
   assert "[worker0] replica 1 done" in out
   assert (tmp_path / "sync_manifest.json").is_file()
