@@ -152,32 +152,57 @@ def wait_until(predicate, *, timeout, what, interval=0.01):
     time.sleep(interval)
 
 
-def _in_session_run(thread):
-  """Whether ``thread``'s Python stack is inside a ``Session.run`` call."""
+def _session_run_frame(thread):
+  """``thread``'s innermost ``Session.run`` frame (the call into TF), or None."""
   frame = sys._current_frames().get(thread.ident)  # pylint: disable=protected-access
   while frame is not None:
     if frame.f_code.co_name == "_call_tf_sessionrun":
-      return True
+      return frame
     frame = frame.f_back
-  return False
+  return None
+
+
+#: How long one run must last for wait_for_stock_runner_to_block to take it
+#: as the blocked one; a run whose C call has returned leaves its frame
+#: within a GIL switch (milliseconds), so a second is a wide margin.
+RUN_SETTLED_SECS = 1.0
 
 
 def wait_for_stock_runner_to_block(threads, timeout=30):
-  """Waits until stock's queue-runner thread among ``threads`` is in its run.
+  """Waits until stock's queue-runner thread among ``threads`` is blocked
+  in the run after the last update's.
 
+  Call it once the last update is seen (its global step, or its token).
   Stock's QueueRunner checks ``coord.should_stop()`` before each run of its
   sync op. Once inside the run it blocks in take_grad whatever happens to
   the coordinator; a thread still between two runs when the stop is
   requested sees it and ends at once. A test that shows stock's blocked
   stop calls this first, or a loaded machine can give it the other
-  schedule (CI once did). Only a thread's stack tells the two apart, hence
+  schedule (CI did). Only a thread's stack tells the two apart, hence
   ``sys._current_frames``.
+
+  A stack inside ``Session.run`` is not enough: the last update's run keeps
+  its frame until its thread gets the GIL back after the C call returned,
+  and a stop requested then is seen before the next run (CI once had this
+  schedule). So the run counts only when it is a new one (its frame
+  replaced the one first seen) or when it outlasts ``RUN_SETTLED_SECS``.
   """
   runners = [t for t in threads if t.name.startswith("QueueRunnerThread-")
              and not t.name.endswith("-close_on_stop")]
   assert len(runners) == 1, "want one stock runner thread, found %s" % (
       [t.name for t in threads])
-  wait_until(lambda: _in_session_run(runners[0]), timeout=timeout,
+  first = _session_run_frame(runners[0])
+  first_seen = time.monotonic()
+
+  def blocked():
+    frame = _session_run_frame(runners[0])
+    if frame is None:
+      return False
+    if first is None or frame is not first:
+      return True
+    return time.monotonic() - first_seen >= RUN_SETTLED_SECS
+
+  wait_until(blocked, timeout=timeout,
              what="stock's queue runner to start its next (blocking) run")
 
 

@@ -6,6 +6,8 @@ first, the quick marker is read from the file, and the summary's per-file
 lines add up the tests of each file. And tools/test's promise that a test
 dependency pinned in setup.cfg's test extra is never skipped silently:
 ``support.require`` fails where tools/test runs it and skips elsewhere.
+And ``support.wait_for_stock_runner_to_block``, which the tests of stock's
+blocked stop rely on, on a stand-in runner thread.
 """
 
 import os
@@ -13,6 +15,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -280,3 +283,70 @@ def test_a_file_that_does_not_import_fails_without_stopping_the_others(
                                                   ("alone", 0)]
   ran = [test for _, test in jobs[0].test_times()]
   assert any(test.endswith("test_fine") for test in ran), ran
+
+
+class _FakeRunner:
+  """A thread named as stock's queue runner, whose runs are Python stand-ins
+  for ``Session._call_tf_sessionrun``: the first lasts ``first_run_secs``
+  (the last update's run, caught in its tail), the next blocks until
+  ``release`` (the run that waits in take_grad)."""
+
+  def __init__(self, first_run_secs):
+    self.release = threading.Event()
+    self.second_run_started = threading.Event()
+    self._first_run_secs = first_run_secs
+    self.thread = threading.Thread(
+        target=self._run, name="QueueRunnerThread-sync_token_q-fake",
+        daemon=True)
+
+  def _run(self):
+    first_run_secs = self._first_run_secs
+
+    def _call_tf_sessionrun(secs):  # pylint: disable=invalid-name
+      if secs is None:
+        self.second_run_started.set()
+        self.release.wait(30)
+      else:
+        self.release.wait(secs)
+
+    _call_tf_sessionrun(first_run_secs)
+    _call_tf_sessionrun(None)
+
+  def __enter__(self):
+    self.thread.start()
+    support.wait_until(
+        lambda: support._session_run_frame(self.thread) is not None,  # pylint: disable=protected-access
+        timeout=10, what="the fake runner's first run")
+    return self
+
+  def __exit__(self, *exc):
+    self.release.set()
+    self.thread.join(10)
+    assert not self.thread.is_alive()
+
+
+def test_stock_runner_wait_skips_the_run_it_first_sees_when_that_ends():
+  """CI once saw the last update's run in its tail and took it for the
+  blocked one: the stop was then seen before the next run."""
+  with _FakeRunner(first_run_secs=0.3) as runner:
+    support.wait_for_stock_runner_to_block([runner.thread])
+    assert runner.second_run_started.is_set()
+
+
+def test_stock_runner_wait_takes_a_run_that_outlasts_the_settle_time():
+  with _FakeRunner(first_run_secs=60) as runner:
+    start = time.monotonic()
+    support.wait_for_stock_runner_to_block([runner.thread])
+    waited = time.monotonic() - start
+    assert not runner.second_run_started.is_set()
+    assert waited >= support.RUN_SETTLED_SECS - 0.05, waited
+
+
+def test_stock_runner_wait_fails_naming_what_it_waited_for():
+  idle = threading.Thread(target=time.sleep, args=(3,),
+                          name="QueueRunnerThread-sync_token_q-idle",
+                          daemon=True)
+  idle.start()
+  with pytest.raises(AssertionError, match="stock's queue runner"):
+    support.wait_for_stock_runner_to_block([idle], timeout=0.2)
+  idle.join(10)
