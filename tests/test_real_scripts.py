@@ -170,12 +170,14 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   2. once the chief logged its local init, which follows the model's init,
      it is stopped (SIGSTOP);
   3. the chief goes on (SIGCONT) once the worker is sure to find the model
-     ready: it began a local init after the stop (its session then waits
-     for the held chief's server, or it finds the model ready), or its last
-     local init was not followed by "Waiting for model to be ready" (that
-     line follows the readiness check within milliseconds) for
-     ``_READY_SECS``. The worker then trains beside the chief from about
-     the same step.
+     ready, which it checks after its local init: it began a local init
+     after the stop, or its last local init has not ended (its run needs
+     the held chief's server, so one caught in flight by the stop waits
+     for the chief: CI once deadlocked there until this wait's bound), or
+     its last local init was not followed by "Waiting for model to be
+     ready" (that line follows the readiness check within milliseconds)
+     for ``_READY_SECS``. The worker then trains beside the chief from
+     about the same step.
 
   Each needs the other's server for its session, so which first checks the
   model is still a race: a worker that looked before the chief's init naps
@@ -189,14 +191,11 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
     found_ready_since = []
 
     def joins():
-      text = worker.text()
-      attempts = text.split("Running local_init_op")
-      if len(attempts) - 1 > began or worker.poll() is not None:
+      if worker.poll() is not None:
         return True
-      last = attempts[-1]
-      if ("Done running local_init_op" not in last
-          or "Waiting for model to be ready" in last):
-        return False
+      state = _worker_state(worker.text(), began)
+      if state != _FOUND_READY:
+        return state == _JOINS
       found_ready_since.append(time.monotonic())
       return time.monotonic() - found_ready_since[0] > _READY_SECS
     support.wait_until(joins, timeout=START_SECS, interval=0.2,
@@ -204,9 +203,51 @@ def _start_worker_into_a_held_chief(cluster, chief, built, name, *argv):
   return worker
 
 
+_JOINS, _NOT_YET, _FOUND_READY = "joins", "not yet", "found ready"
+
+
+def _worker_state(text, began):
+  """Where a worker's log ``text`` stands, the chief held since it had
+  ``began`` local inits (step 3 above): _JOINS, _NOT_YET, or _FOUND_READY
+  (its last local init ended with no "not ready" line yet)."""
+  attempts = text.split("Running local_init_op")
+  if len(attempts) - 1 > began:
+    return _JOINS
+  if len(attempts) == 1:
+    return _NOT_YET  # No local init yet.
+  last = attempts[-1]
+  if "Done running local_init_op" not in last:
+    return _JOINS  # Its readiness check comes after the stop.
+  if "Waiting for model to be ready" in last:
+    return _NOT_YET
+  return _FOUND_READY
+
+
 #: How long a worker's local init must stand without a "not ready" line
 #: before the held chief goes on (see above).
 _READY_SECS = 3
+
+
+_INIT = "INFO:tensorflow:Running local_init_op.\n"
+_DONE = "INFO:tensorflow:Done running local_init_op.\n"
+_NAP = "INFO:tensorflow:Waiting for model to be ready.  ready: ...\n"
+
+
+@pytest.mark.parametrize("text, began, want", [
+    ("", 0, _NOT_YET),
+    # A local init after the stop: its session is created, its check to come.
+    (_INIT, 0, _JOINS),
+    (_INIT + _DONE + _NAP + _INIT, 1, _JOINS),
+    # Caught in flight by the stop: its run waits for the held chief (CI
+    # deadlocked here when this was _NOT_YET).
+    (_INIT, 1, _JOINS),
+    # Napping after a check before the chief's init: its next one will do.
+    (_INIT + _DONE + _NAP, 1, _NOT_YET),
+    # Checked and found nothing missing, or its check is still in flight.
+    (_INIT + _DONE, 1, _FOUND_READY),
+])
+def test_worker_state_while_the_chief_is_held(text, began, want):
+  assert _worker_state(text, began) == want
 
 
 #: TensorFlow's own fault, whatever the optimizer (seen here with stock's and
