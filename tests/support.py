@@ -218,6 +218,42 @@ def held(send_signal):
     send_signal(signal.SIGCONT)
 
 
+#: The longest single stop of ``held_in_turns``. A demo chief stopped mid-step
+#: for 60 s found its in-flight RunGraph retried by TensorFlow on resuming
+#: ("The same RunGraph (Worker) request was received twice", an AbortedError:
+#: its session started over at step 0 and its workers timed out); 30 s went
+#: through, and so did 150 s of 15 s stops with 1 s between them.
+HOLD_TURN_SECS = 15.0
+RELEASE_TURN_SECS = 1.0
+
+
+@contextlib.contextmanager
+def held_in_turns(send_signal, hold_secs=HOLD_TURN_SECS,
+                  release_secs=RELEASE_TURN_SECS):
+  """As ``held``, for a block of unknown length: stopped at once, then let go
+  for ``release_secs`` after every ``hold_secs``, and resumed after it."""
+  stop = threading.Event()
+
+  def turns():
+    while not stop.wait(hold_secs):
+      send_signal(signal.SIGCONT)
+      if stop.wait(release_secs):
+        return
+      send_signal(signal.SIGSTOP)
+
+  send_signal(signal.SIGSTOP)
+  thread = BoundedThread(turns, name="held-in-turns")
+  thread.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    try:
+      thread.finish(timeout=30)
+    finally:
+      send_signal(signal.SIGCONT)
+
+
 class BoundedThread(threading.Thread):
   """A daemon thread whose ``finish`` joins with a deadline and re-raises."""
 

@@ -407,13 +407,16 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     # loaded machine (CI once saw the job end in the middle of the read).
     # The ps serves the read; the other workers wait for tokens. Held once
     # it trains (its first progress line): the model is initialized then.
+    # In turns of 15 s with 1 s to step between them: one 60 s stop broke
+    # the chief's session (support.HOLD_TURN_SECS), and 1 s is about 10 of
+    # the 600 steps.
     output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
                 "progress line", timeout=180)
     # tools/launch starts each task as the leader of a process group.
     chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
                             "the chief's pid", timeout=1).group(1))
     held_at = time.monotonic()
-    with support.held(lambda signum: os.killpg(chief, signum)):
+    with support.held_in_turns(lambda signum: os.killpg(chief, signum)):
       assert proc.poll() is None, "the demo ended before its chief was held"
       # Side by side, to spend TensorFlow's import time once: the printed
       # command, and the same tools/status from outside the namespace.
@@ -432,10 +435,11 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert still_training, "training ended before tools/status returned"
   assert outside.returncode == 1, (outside.stdout, outside.stderr)
   assert "could not reach the job at grpc://127.0.0.1:2222" in outside.stderr
-  # How long the chief was held (the workers' op timeout is 120 s), every
-  # task's own lines, then the end of the output.
-  story = "chief held %.1f s\n%s\n...\n%s" % (
-      held_secs, _own_lines(text)[-6000:], text[-3000:])
+  # How long the chief was held (in turns), every task's own lines, then
+  # the end of the output.
+  story = "chief held %.1f s in turns of %.0f s\n%s\n...\n%s" % (
+      held_secs, support.HOLD_TURN_SECS, _own_lines(text)[-6000:],
+      text[-3000:])
   assert proc.returncode == 0, story
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
                    text), story

@@ -6,13 +6,15 @@ first, the quick marker is read from the file, and the summary's per-file
 lines add up the tests of each file. And tools/test's promise that a test
 dependency pinned in setup.cfg's test extra is never skipped silently:
 ``support.require`` fails where tools/test runs it and skips elsewhere.
-And ``support.wait_for_stock_runner_to_block``, which the tests of stock's
-blocked stop rely on, on a stand-in runner thread.
+And two helpers whose schedules other tests rely on:
+``support.wait_for_stock_runner_to_block``, on a stand-in runner thread, and
+``support.held_in_turns``.
 """
 
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -350,3 +352,15 @@ def test_stock_runner_wait_fails_naming_what_it_waited_for():
   with pytest.raises(AssertionError, match="stock's queue runner"):
     support.wait_for_stock_runner_to_block([idle], timeout=0.2)
   idle.join(10)
+
+
+def test_held_in_turns_stops_at_once_lets_go_between_turns_and_resumes():
+  sent = []
+  with support.held_in_turns(sent.append, hold_secs=0.1, release_secs=0.05):
+    assert sent == [signal.SIGSTOP]  # Stopped before the block runs.
+    time.sleep(0.5)
+  assert sent[-1] == signal.SIGCONT
+  # Strict turns before the closing resume (sent whatever the last turn).
+  turns = sent[:-1]
+  assert all(a != b for a, b in zip(turns, turns[1:])), sent
+  assert sent.count(signal.SIGSTOP) >= 3, sent
