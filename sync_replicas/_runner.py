@@ -96,6 +96,27 @@ def _recovering(coord):
   return error is not None and errors.is_recoverable_error(error)
 
 
+def _cancel_the_chiefs_runs(sess):
+  """Closes the chief's session: its run in flight, or its next one,
+  raises at once, and MonitoredSession recovers on the coordinator's error
+  (or, for a restart reported as a CancelledError, ends the process, as it
+  would have after the wait).
+
+  Only for a session our hook follows, so under a MonitoredSession, which
+  recreates the session on that error anyway. The loop's take failed (a
+  ps restarted) while the chief's own run had pushed and waited for a
+  token on a ps that did not fail; a run that starts after the stop does
+  the same, as MonitoredSession checks the coordinator only when asked
+  whether to stop or when a run fails. With the queue left open and no
+  loop to fill it, such a run would end only at the op timeout, and the
+  workers, waiting for tokens too, would die of theirs meanwhile (the CI
+  soak saw it, TF 2.15). The recovered session's init tokens release them.
+  """
+  _LOG.info("sync_replicas: closing the chief's session, whose runs would "
+            "otherwise wait for a token until the op timeout")
+  sess.close()
+
+
 class ChiefRunState:
   """What the chief's hook saw of its session's runs, for the runner's stop.
 
@@ -345,13 +366,6 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     with self._guard:
       return self._run_states.pop(sess, None)
 
-  def _stopped_in_a_run(self, sess, coord):
-    """A stop with no error and no ``end()`` while a run was in flight:
-    MonitoredSession recovering from that run's error. Forgets ``sess``."""
-    state = self._forget_runs(sess)
-    return (state is not None and state.in_run and not state.ended
-            and _requested_error(coord) is None)
-
   def create_threads(self, sess, coord=None, daemon=False, start=False):
     """Creates (and optionally starts) the chief's threads for ``sess``.
 
@@ -478,14 +492,17 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # MonitoredSession recovers from, or leaves a ps task unreachable or
     # restarted (its accumulators unreadable on this session).
     # Asked first, so that every stop forgets the session's run state.
-    in_a_run = self._stopped_in_a_run(sess, coord)
+    state = self._forget_runs(sess)
     if _recovering(coord):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
                 "that recovers")
       runner_sess.close()
+      if state is not None:
+        _cancel_the_chiefs_runs(sess)
       return
-    if in_a_run:
+    if (state is not None and state.in_run and not state.ended
+        and _requested_error(coord) is None):
       # The stop carries no error, and every ps may be readable again: only
       # the hook can tell this from the end of training.
       _LOG.info("sync_replicas: the chief's session stops on an error in a "

@@ -300,6 +300,75 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
   assert _train_through_one_abort(cls, timeout_ms=10_000) >= 9
 
 
+class _SessionsMade(tf.compat.v1.train.SessionRunHook):
+  """Every (session, coordinator) a MonitoredSession made, in order."""
+
+  def __init__(self):
+    self.made = []
+
+  def after_create_session(self, session, coord):
+    self.made.append((session, coord))
+
+
+#: The op timeout of the test below, and its bound on the recovery: a run
+#: waiting out the op timeout cannot pass for a prompt recovery.
+WAIT_OUT_MS = 60_000
+RECOVERY_SECS = 20
+
+
+def _pending_and_tokens(chief):
+  """The chief's accumulator's fresh gradients and the queued tokens, from a
+  session of its own (the status ops only read)."""
+  status = chief.opt.get_chief_queue_runner().status
+  with tf.compat.v1.Session(chief.target, graph=chief.graph,
+                            config=support.session_config()) as sess:
+    return tuple(sess.run([status.num_accumulated[0], status.tokens]))
+
+
+def test_a_loop_failure_while_the_chief_waits_for_a_token_recovers_at_once():
+  # The CI soak (2.15): ps 1 was killed while the chief's run, its push
+  # done, waited for a token on ps 0. The loop's take failed on ps 1
+  # (UnavailableError to the coordinator) and the token queue was rightly
+  # left open, but nothing ended the chief's run: MonitoredSession
+  # recovered only at the op timeout, and the workers, waiting for tokens
+  # too, died of theirs. The same stop is made here with no ps to kill.
+  # The chief alone, 3 gradients per update and 2 tokens after each: its
+  # 8th run pushes the 2nd gradient and waits for a token for good. The
+  # loop is past its first run then (docs/operations-soak.md, fault 6).
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=3, total=2)
+  sessions = _SessionsMade()
+  with chief.graph.as_default(), support.monitored_session(
+      chief.target, is_chief=True, hooks=[chief.hook, sessions],
+      timeout_ms=WAIT_OUT_MS) as sess:
+
+    def train_until_recovered():
+      # The recovery builds in the default graph, which is per thread.
+      with chief.graph.as_default():
+        while len(sessions.made) < 2:
+          sess.run(chief.train_op)
+
+    run = support.BoundedThread(train_until_recovered, name="chief-runs")
+    run.start()
+    support.wait_until(lambda: _pending_and_tokens(chief) == (2, 0),
+                       timeout=30, what="the chief out of tokens",
+                       interval=0.1)
+    try:
+      raise tf.errors.UnavailableError(None, None, "a ps restarted (test)")
+    except tf.errors.UnavailableError as e:
+      # As the loop reports: from its except block.
+      sessions.made[0][1].request_stop(e)
+    support.wait_until(
+        lambda: len(sessions.made) == 2, timeout=RECOVERY_SECS,
+        what="the chief's new session: its run still waits for a token")
+    # The run in flight, retried on the new session (no checkpoint: the
+    # model is initialized again), took one of its init tokens.
+    run.finish(timeout=WAIT_OUT_MS / 1000)
+    for _ in range(2):
+      sess.run(chief.train_op)
+    assert sess.run(chief.global_step) == 1
+
+
 @contextlib.contextmanager
 def _initialized_chief(session_cls=tf.compat.v1.Session):
   """A plain chief session, initialized, on a cluster of its own: yields
