@@ -125,13 +125,21 @@ def test_short_soak_trains_through_random_kills_of_every_role(tmp_path):
        "--no-settle", "--min-faults", "3"],
       capture_output=True, text=True, timeout=840, check=False)
   report = proc.stdout[-4000:] + proc.stderr[-2000:]
-  summary = json.loads((out / "summary.json").read_text())
+  summary = _summary(out, report)
   assert summary["violations"] == [], report
   assert proc.returncode == 0, report
   assert summary["kills_total"] >= 3, report
   assert summary["final_step"] == summary["target"], report
   assert summary["updates_applied"] > summary["kills_total"], report
   assert summary["processes_left"] == [], report
+
+
+def _summary(out, report):
+  """The soak's summary.json; a soak that ended without one failed in
+  itself, and its output says how."""
+  path = out / "summary.json"
+  assert path.exists(), "tools/soak wrote no %s:\n%s" % (path, report)
+  return json.loads(path.read_text())
 
 
 root_only = pytest.mark.skipif(
@@ -204,7 +212,7 @@ def test_short_soak_trains_through_network_cuts(tmp_path):
        "--min-faults", "3", "--out", str(out)],
       capture_output=True, text=True, timeout=840, check=False)
   report = proc.stdout[-4000:] + proc.stderr[-2000:]
-  summary = json.loads((out / "summary.json").read_text())
+  summary = _summary(out, report)
   assert summary["violations"] == [], report
   assert summary["checkpoints"] > 0 and summary["checkpoints_torn"] == 0, report
   assert summary["cuts_total"] >= 3, report
