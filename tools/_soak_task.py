@@ -220,7 +220,14 @@ def main(argv=None):
   del argv
   # SIGUSR1 prints every thread's stack: how the soak asks a hung task why.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
-  logging.getLogger("sync_replicas").setLevel(logging.INFO)
+  # Our INFO lines (what a stop decided) in tasks.log: with no handler of
+  # its own, Python prints only warnings and above.
+  ours = logging.getLogger("sync_replicas")
+  ours.setLevel(logging.INFO)
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+  ours.addHandler(handler)
+  ours.propagate = False
   tf.get_logger().setLevel("INFO")
   tf.compat.v1.disable_eager_execution()
   spec = json.loads(os.environ["SOAK_SPEC"])
