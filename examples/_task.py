@@ -188,6 +188,10 @@ def session_config(task, *, op_timeout_ms=120_000):
       operation_timeout_in_ms=op_timeout_ms)
 
 
+#: How often ``wait_for_chief`` says it is still waiting, and on what.
+WAIT_LOG_SECS = 30.0
+
+
 def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
   """Blocks until the chief has initialized the model, polling every 0.5 s.
 
@@ -205,31 +209,46 @@ def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
   Raises:
     SystemExit: If the chief has not initialized the model within ``timeout``.
   """
-  deadline = time.monotonic() + timeout
-  sess = None
+  start = time.monotonic()
+  sess, seen, logged = None, "none ended", start
   try:
     while True:
       if sess is None:
         sess = tf.compat.v1.Session(target, config=config)
       try:
-        if not len(sess.run(uninitialized_op)):  # pylint: disable=g-explicit-length-test
+        missing = sess.run(uninitialized_op)
+        if not len(missing):  # pylint: disable=g-explicit-length-test
           return
-      except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError):
-        pass  # The ps is not up yet.
-      except (tf.errors.AbortedError, tf.errors.CancelledError):
+        seen = "%d variable(s) not initialized" % len(missing)
+      except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+        seen = _said(e)  # The ps is not up yet.
+      except (tf.errors.AbortedError, tf.errors.CancelledError) as e:
         # A ps restarted and no longer knows this session: open a new one,
         # as MonitoredSession does. (TensorFlow 2.15 reports it as the
         # cancelled receive, with the ps's Aborted inside.)
+        seen = _said(e)
         _close_quietly(sess)
         sess = None
-      if time.monotonic() > deadline:
+      now = time.monotonic()
+      if now - start > timeout:
         raise SystemExit(
-            "The chief did not initialize the model within %.0f s. Is the "
-            "chief task running, and does it reach the ps tasks?" % timeout)
+            "The chief did not initialize the model within %.0f s (last "
+            "poll: %s). Is the chief task running, and does it reach the ps "
+            "tasks?" % (timeout, seen))
+      # A wait that lasts says so, with what it sees (the soak once saw a
+      # replica wait 300 s, silent, while the others trained).
+      if now - logged >= WAIT_LOG_SECS:
+        _LOG.info("still waiting for the chief after %.0f s; last poll: %s",
+                  now - start, seen)
+        logged = now
       time.sleep(0.5)
   finally:
     if sess is not None:
       _close_quietly(sess)
+
+
+def _said(error):
+  return "%s: %s" % (type(error).__name__, error.message.splitlines()[0])
 
 
 def _close_quietly(sess):

@@ -23,6 +23,7 @@ import tensorflow as tf
 from examples import _digits
 from examples import _task
 from examples import digits_estimator
+import sync_replicas
 from sync_replicas import cluster as cluster_lib
 import support
 
@@ -294,6 +295,26 @@ def test_wait_for_chief_survives_a_ps_restart(tmp_path):
       waiter.finish(timeout=60)  # Re-raises what the wait raised.
   finally:
     support.kill_group(ps)
+
+
+def test_wait_for_chief_gives_up_saying_what_it_last_saw(caplog):
+  """A ps that serves, a variable nobody initializes: the wait logs that it
+  still waits, then gives up naming what its last poll saw."""
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:0"):
+      tf.compat.v1.get_variable("never", [], initializer=tf.ones_initializer())
+    uninitialized = tf.compat.v1.report_uninitialized_variables()
+    with caplog.at_level("INFO", logger="examples.task"), pytest.raises(
+        SystemExit) as gave_up, pytest.MonkeyPatch.context() as patch:
+      patch.setattr(_task, "WAIT_LOG_SECS", 0.5)
+      _task.wait_for_chief(cluster.worker_targets[0], uninitialized,
+                           support.session_config(), timeout=1.5)
+  message = str(gave_up.value)
+  assert ("did not initialize the model within 2 s (last poll: 1 "
+          "variable(s) not initialized)") in message, message
+  assert any("still waiting for the chief" in r.getMessage()
+             for r in caplog.records), caplog.text
 
 
 def _ran(target, fetch, config):

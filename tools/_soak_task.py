@@ -228,6 +228,7 @@ def main(argv=None):
   handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
   ours.addHandler(handler)
   ours.propagate = False
+  _task.setup_logging()  # And the shared plumbing's (wait_for_chief's).
   tf.get_logger().setLevel("INFO")
   tf.compat.v1.disable_eager_execution()
   spec = json.loads(os.environ["SOAK_SPEC"])
