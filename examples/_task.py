@@ -40,16 +40,17 @@ Task = collections.namedtuple("Task", [
 Task.__doc__ = "This process's place in the cluster."
 
 
-def setup_logging(level=logging.INFO):
-  """Sends the examples' own log lines, unadorned, to stderr.
+def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
+  """Sends the ``name`` loggers' lines (the examples' own by default,
+  unadorned) to stderr.
 
-  Only the ``examples`` loggers are configured: a root handler would also
-  print every TensorFlow INFO line, twice.
+  Only those loggers are configured: a root handler would also print every
+  TensorFlow INFO line, twice.
   """
-  logger = logging.getLogger("examples")
+  logger = logging.getLogger(name)
   if not logger.handlers:
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(logging.Formatter(fmt))
     logger.addHandler(handler)
   logger.setLevel(level)
   logger.propagate = False

@@ -20,7 +20,6 @@ target step and the global step reached it.
 import argparse
 import faulthandler
 import json
-import logging
 import os
 import signal
 import sys
@@ -221,14 +220,11 @@ def main(argv=None):
   # SIGUSR1 prints every thread's stack: how the soak asks a hung task why.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
   # Our INFO lines (what a stop decided) in tasks.log: with no handler of
-  # its own, Python prints only warnings and above.
-  ours = logging.getLogger("sync_replicas")
-  ours.setLevel(logging.INFO)
-  handler = logging.StreamHandler()
-  handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
-  ours.addHandler(handler)
-  ours.propagate = False
-  _task.setup_logging()  # And the shared plumbing's (wait_for_chief's).
+  # its own, Python prints only warnings and above. And the shared
+  # plumbing's (wait_for_chief's).
+  _task.setup_logging(name="sync_replicas",
+                      fmt="%(levelname)s:%(name)s:%(message)s")
+  _task.setup_logging()
   tf.get_logger().setLevel("INFO")
   tf.compat.v1.disable_eager_execution()
   spec = json.loads(os.environ["SOAK_SPEC"])
