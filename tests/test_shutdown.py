@@ -227,13 +227,17 @@ def test_a_stop_with_an_error_the_session_recovers_from_keeps_the_queue_open(
   if error is None:
     coord.request_stop()
   else:
-    try:
-      raise error
-    except Exception as e:  # pylint: disable=broad-except
-      # As the runner reports: from its except block (the coordinator
-      # keeps sys.exc_info()).
-      coord.request_stop(e)
+    _stop_as_the_runner_does(coord, error)
   assert _runner._recovering(coord) is recovering  # pylint: disable=protected-access
+
+
+def _stop_as_the_runner_does(coord, error):
+  """Stops ``coord`` with ``error`` from an except block, as the runner
+  reports (the coordinator keeps sys.exc_info())."""
+  try:
+    raise error
+  except Exception as e:  # pylint: disable=broad-except
+    coord.request_stop(e)
 
 
 class _AbortOnce(tf.compat.v1.train.SessionRunHook):
@@ -353,11 +357,8 @@ def test_a_loop_failure_while_the_chief_waits_for_a_token_recovers_at_once():
     support.wait_until(lambda: _pending_and_tokens(chief) == (2, 0),
                        timeout=30, what="the chief out of tokens",
                        interval=0.1)
-    try:
-      raise tf.errors.UnavailableError(None, None, "a ps restarted (test)")
-    except tf.errors.UnavailableError as e:
-      # As the loop reports: from its except block.
-      sessions.made[0][1].request_stop(e)
+    _stop_as_the_runner_does(sessions.made[0][1], tf.errors.UnavailableError(
+        None, None, "a ps restarted (test)"))
     support.wait_until(
         lambda: len(sessions.made) == 2, timeout=RECOVERY_SECS,
         what="the chief's new session: its run still waits for a token")
