@@ -5,7 +5,7 @@ the global step, the token queue and every accumulator with the device,
 dtype and shape a reader needs to open the same shared resources on the ps,
 and the read-only ops built from it in a fresh graph. TensorFlow offers no
 public way to list a ps task's resources, so the job writes this file
-(``SyncReplicasOptimizer.write_sync_manifest``) and ``tools/status`` reads it.
+(``SyncReplicasOptimizer.write_sync_manifest``) and ``sync-replicas-status`` reads it.
 
 The read ops only report: ``num_accumulated`` per accumulator, the token
 queue's ``size`` and the global step's value. They never take, dequeue or
@@ -153,8 +153,8 @@ def read(path):
     if found != FORMAT:
       raise ValueError(
           "%s is a sync manifest of format %r, but this sync_replicas reads "
-          "%r. Read it with the tools/status of the sync_replicas version the "
-          "job runs." % (path, found, FORMAT))
+          "%r. Read it with the sync-replicas-status of the sync_replicas "
+          "version the job runs." % (path, found, FORMAT))
   elif found != FORMAT:
     raise ValueError(
         "%s is not a sync manifest: expected format %r, got %r. Write one "

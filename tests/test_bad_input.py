@@ -1,4 +1,4 @@
-"""Bad input to tools/status and tools/launch: a clear error, nothing touched.
+"""Bad input to sync-replicas-status and sync-replicas-launch: a clear error, nothing touched.
 
 Each case is what a user can get wrong: a ps that is not there, a file that
 is not this job's manifest, a manifest of another job or format version, an
@@ -20,11 +20,12 @@ import pytest
 import tensorflow as tf
 
 import sync_replicas
+from sync_replicas.cli import status as status_tool
 import support
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LAUNCH = ROOT / "tools" / "launch"
-status_tool = support.load_tool("status")
+#: The launcher as ``python -m`` runs it (tools/launch is a wrapper of it).
+LAUNCH = ["-m", "sync_replicas.cli.launch"]
 
 
 def _status(argv, capsys):
@@ -48,7 +49,7 @@ def test_status_names_an_unreachable_ps_and_how_to_reach_it(tmp_path, capsys,
   assert code == 1 and not out
   assert "could not reach the job at grpc://127.0.0.1:%d within 2 s" % port in (
       err), err
-  assert "tools/launch --enter PID" in err
+  assert "sync-replicas-launch --enter PID" in err
   assert state() == [0, 1, [1]]
 
 
@@ -69,8 +70,8 @@ def test_status_explains_a_missing_manifest(tmp_path, capsys):
     ("[1, 2]", "got 'list'"),
     ('{"format": "sync_replicas.manifest/2"}', "of format "
      "'sync_replicas.manifest/2', but this sync_replicas reads "
-     "'sync_replicas.manifest/1'. Read it with the tools/status of the "
-     "sync_replicas version"),
+     "'sync_replicas.manifest/1'. Read it with the sync-replicas-status of "
+     "the sync_replicas version"),
 ], ids=["not-json", "other-format", "not-an-object", "newer-version"])
 def test_status_refuses_a_wrong_manifest_before_connecting(tmp_path, capsys,
                                                            text, message):
@@ -134,9 +135,9 @@ def test_status_refuses_an_accumulator_the_ps_does_not_hold(tmp_path, capsys,
 
 
 def _launch(argv, tmp_path, timeout=30):
-  """tools/launch with a task program that would leave a file if started."""
+  """The launcher with a task program that would leave a file if started."""
   marker = tmp_path / "started"
-  cmd = [sys.executable, str(LAUNCH), *argv]
+  cmd = [sys.executable, *LAUNCH, *argv]
   if "--" not in argv:
     cmd += ["--", sys.executable, "-c",
             "open(%r, 'a').write('x')" % str(marker)]

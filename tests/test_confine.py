@@ -1,4 +1,7 @@
-"""tools/launch's confinement: the cluster's ports are closed to the outside.
+"""The launcher's confinement: the cluster's ports are closed to the outside.
+
+Run through tools/launch, the checkout's wrapper of sync-replicas-launch (the
+path the demo takes; tests/test_launcher.py runs the module itself).
 
 A confined launch runs every task in a private network namespace with only
 loopback. These tests look from outside (this test process) and from inside
@@ -30,7 +33,6 @@ import support
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tools" / "launch"
-_confine = support.load_tool("_confine.py")
 
 # A ps that only listens, as TensorFlow's server does (0.0.0.0), and replicas
 # that sleep: no TensorFlow, so the launch is up in a second.
@@ -216,7 +218,7 @@ def _ordinary_user(copy):
   else:
     pytest.skip("no Python interpreter that uid %d may run (%s)"
                 % (ORDINARY_UID, "; ".join(tried)))
-  # The platform's own verdict, independent of tools/_confine.py: util-
+  # The platform's own verdict, independent of sync_replicas/cli/_confine.py: util-
   # linux's unshare makes the same two namespaces in one call, as _confine
   # does. max_user_namespaces=0, Debian's unprivileged_userns_clone=0,
   # Ubuntu's AppArmor restriction or a container's seccomp profile refuse
@@ -334,7 +336,7 @@ def test_enter_refuses_a_pid_that_is_no_confined_launch(tmp_path):
       [sys.executable, str(LAUNCH), "--enter", str(os.getpid()), "--",
        "true"], cwd=ROOT, capture_output=True, text=True, timeout=20)
   assert not_launch.returncode == 2
-  assert "process %d is not tools/launch" % os.getpid() in not_launch.stderr
+  assert "process %d is not sync-replicas-launch" % os.getpid() in not_launch.stderr
   proc = subprocess.Popen(
       [sys.executable, str(LAUNCH), "--unconfined", "--ps", "0", "--workers",
        "1", "--", sys.executable, "-c", "import time; time.sleep(20)"],
@@ -367,8 +369,8 @@ def test_launch_that_cannot_confine_says_so_in_one_line_and_starts_nothing():
   assert proc.returncode == 2, proc
   assert proc.stderr.count("\n") == 1, proc.stderr
   assert proc.stderr.startswith(
-      "launch: cannot confine the cluster to a private network namespace "
-      "(the process already runs 2 threads"), proc.stderr
+      "sync-replicas-launch: cannot confine the cluster to a private "
+      "network namespace (the process already runs 2 threads"), proc.stderr
   assert "rerun with --unconfined (or SYNC_REPLICAS_UNCONFINED=1)" in (
       proc.stderr)
   assert "started" not in proc.stdout

@@ -1,4 +1,4 @@
-"""tools/launch: exit codes, log prefixes, and no process left behind.
+"""sync-replicas-launch (sync_replicas.cli.launch): exit codes, log prefixes, and no process left behind.
 
 The tasks are tiny Python programs (no TensorFlow) whose behaviour each test
 picks per task, so every run takes a second or two. Each task writes its own
@@ -17,7 +17,9 @@ import pytest
 import support
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-LAUNCH = ROOT / "tools" / "launch"
+#: The launcher as ``python -m`` runs it (tools/launch is a wrapper of it;
+#: tests/test_confine.py runs that one).
+LAUNCH = ["-m", "sync_replicas.cli.launch"]
 
 # argv: piddir, then "name=behaviour" pairs; a task without one exits 0.
 # Behaviours: exit:N (after 0.3 s), forever, forever-child (also starts a
@@ -49,7 +51,7 @@ time.sleep(600)
 
 def _launch(tmp_path, plan, *launch_args, timeout=60):
   """Runs the launcher to its end; returns (exit code, output)."""
-  cmd = [sys.executable, str(LAUNCH), *launch_args, "--",
+  cmd = [sys.executable, *LAUNCH, *launch_args, "--",
          sys.executable, "-c", _TASK, str(tmp_path)] + [
              "%s=%s" % kv for kv in plan.items()]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
@@ -127,7 +129,7 @@ def test_timeout_stops_all_and_exits_124(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_ctrl_c_stops_all_and_exits_130(tmp_path):
-  cmd = [sys.executable, str(LAUNCH), "--ps", "1", "--workers", "2",
+  cmd = [sys.executable, *LAUNCH, "--ps", "1", "--workers", "2",
          "--grace", "1", "--", sys.executable, "-c", _TASK, str(tmp_path),
          "ps0=forever", "chief0=forever-child", "worker0=stubborn"]
   proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
@@ -141,13 +143,14 @@ def test_ctrl_c_stops_all_and_exits_130(tmp_path):
     support.kill_group(proc)
   assert proc.returncode == 130, out.decode()
   assert "interrupted: stopping every task" in out.decode()
+  assert "Traceback" not in out.decode(), out.decode()
   _assert_none_left(tmp_path, ["ps0", "chief0", "worker0"])
 
 
 @pytest.mark.timeout(30)
 def test_missing_program_exits_127(tmp_path):
   proc = subprocess.run(
-      [sys.executable, str(LAUNCH), "--ps", "1", "--workers", "1", "--",
+      [sys.executable, *LAUNCH, "--ps", "1", "--workers", "1", "--",
        str(tmp_path / "no-such-program")],
       cwd=ROOT, capture_output=True, text=True, timeout=20)
   assert proc.returncode == 127, proc.stdout + proc.stderr
@@ -162,14 +165,14 @@ def test_missing_program_exits_127(tmp_path):
     (["--ps", "1"], "give the program to run after --"),
 ], ids=["backup-too-large", "no-workers", "no-command"])
 def test_bad_arguments_are_refused(argv, message):
-  proc = subprocess.run([sys.executable, str(LAUNCH), *argv], cwd=ROOT,
+  proc = subprocess.run([sys.executable, *LAUNCH, *argv], cwd=ROOT,
                         capture_output=True, text=True, timeout=20)
   assert proc.returncode == 2
   assert message in proc.stderr
 
 
 def test_tf_config_names_chief_workers_and_ps_on_loopback():
-  launch = support.load_tool("launch")
+  from sync_replicas.cli import launch  # pylint: disable=g-import-not-at-top
   cluster = launch.cluster_spec(num_ps=2, num_workers=3)
   assert [len(cluster[j]) for j in ("chief", "worker", "ps")] == [1, 2, 2]
   addresses = [a for hosts in cluster.values() for a in hosts]

@@ -2,7 +2,7 @@
 
 Issue 16: a stall whose every push was stale printed "update to step 2 waits
 for gradients: ... 0/2", which points away from the cause. The stall line
-(and ``tools/status``) now lists every replica's local step, says which
+(and ``sync-replicas-status``) now lists every replica's local step, says which
 pushes are stale, and names the likely cause where it can be detected.
 """
 
@@ -184,8 +184,9 @@ def test_verdict_text(local, tokens, starts, want):
 
 
 def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
-  """``tools/status`` reads the same local steps and prints the same words."""
-  status_tool = support.load_tool("status")
+  """``sync-replicas-status`` reads the same local steps and prints the same
+  words."""
+  from sync_replicas.cli import status as status_tool  # pylint: disable=g-import-not-at-top
   cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
   worker = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
   with worker.graph.as_default():
@@ -207,7 +208,7 @@ def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
     support.wait_until(
         lambda: status_tool.main(["--manifest", str(tmp_path), "--ps", ps],
                                  out=out) == 0 and "is stale" in out.getvalue(),
-        timeout=20, what="tools/status to report the stale pushes")
+        timeout=20, what="sync-replicas-status to report the stale pushes")
     text = out.getvalue()
     assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0; "
             "every push from /job:worker/replica:0/task:0 is stale (local step "

@@ -1,4 +1,4 @@
-"""tools/status against a live in-process cluster whose state the test knows.
+"""sync-replicas-status (sync_replicas.cli.status) against a live in-process cluster whose state the test knows.
 
 Each test builds a fresh LocalCluster, puts it in a known state (gradients
 accumulated, tokens queued), runs the tool and checks both what it printed and
@@ -10,9 +10,8 @@ import json
 import pathlib
 
 import sync_replicas
+from sync_replicas.cli import status as status_tool
 import support
-
-status_tool = support.load_tool("status")
 
 
 def _run(argv):

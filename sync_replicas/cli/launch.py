@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Runs one between-graph program as a whole cluster on this machine.
 
-  tools/launch --ps 1 --workers 3 --backup 1 -- python -m examples.digits
+  sync-replicas-launch --ps 1 --workers 3 --backup 1 -- python -m examples.digits
 
 Starts every task of the cluster as its own process on 127.0.0.1 with free
 ports: the ps tasks, then the chief (replica 0, job ``chief``), then the
@@ -17,30 +16,29 @@ runs in its own process group, which is sent SIGTERM, then SIGKILL after
 --grace seconds, so no task or child of one outlives the launcher.
 
 Confined by default: the launcher first moves itself into a private network
-namespace that has only loopback (tools/_confine.py), so every task's port,
-which TensorFlow opens on all interfaces without authentication, is reachable
-only by the cluster's own processes (docs/security.md). The tasks then use
-the ports from --port on (2222, as on Kubernetes: nothing else lives in the
-namespace). Where the platform cannot make the namespace the launcher stops
-with one line saying why; --unconfined (or SYNC_REPLICAS_UNCONFINED=1) runs
-the cluster on the machine's network instead, on free ports unless --port is
-given. Run a tool inside a confined cluster's namespace from another
-terminal with the launcher's pid, which it prints:
+namespace that has only loopback, so every task's port, which TensorFlow
+opens on all interfaces without authentication, is reachable only by the
+cluster's own processes (docs/security.md). The tasks then use the ports from
+--port on (2222, as on Kubernetes: nothing else lives in the namespace).
+Where the platform cannot make the namespace the launcher stops with one line
+saying why; --unconfined (or SYNC_REPLICAS_UNCONFINED=1) runs the cluster on
+the machine's network instead, on free ports unless --port is given. Run a
+tool inside a confined cluster's namespace from another terminal with the
+launcher's pid, which it prints:
 
-  tools/launch --enter PID -- python tools/status --manifest runs/x --ps 127.0.0.1:2222
+  sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
 Exit code: 0 if every replica exited 0; otherwise the first failed task's
 code (1 if it died by a signal), 124 on timeout, 130 on Ctrl-C or SIGTERM,
 127 if the command cannot be started, 2 for bad arguments, a port in use or
-a cluster that cannot be confined. Only the standard library is used: the
-launcher starts in milliseconds and needs no venv of its own.
+a cluster that cannot be confined. Only the standard library is used, and
+not TensorFlow: the launcher starts in milliseconds.
 """
 
 import argparse
 import contextlib
 import json
 import os
-import pathlib
 import shutil
 import signal
 import socket
@@ -49,19 +47,22 @@ import sys
 import threading
 import time
 
+from sync_replicas import _ports
+from sync_replicas.cli import _cli
+from sync_replicas.cli import _confine
+
+PROG = "sync-replicas-launch"
 EXIT_TIMEOUT = 124
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = _cli.EXIT_INTERRUPTED
 EXIT_CANNOT_RUN = 127
-EXIT_USAGE = 2
+EXIT_USAGE = _cli.EXIT_USAGE
 #: The first task's port in a confined cluster, the TFJob convention.
 CONFINED_BASE_PORT = 2222
 
 
 def _parse(argv):
-  parser = argparse.ArgumentParser(
-      description=__doc__.splitlines()[0],
-      usage="%(prog)s [options] -- command [args...]",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = _cli.parser(PROG, __doc__,
+                       usage="%(prog)s [options] -- command [args...]")
   parser.add_argument("--ps", type=int, default=1, help="ps tasks")
   parser.add_argument("--workers", type=int, default=3,
                       help="replicas, the chief included")
@@ -99,6 +100,9 @@ def _parse(argv):
     parser.error("--backup must be in [0, --workers) so that at least one "
                  "replica's gradient makes an update, got --backup %d with "
                  "--workers %d" % (args.backup, args.workers))
+  if args.timeout <= 0 or args.grace < 0:
+    parser.error("need --timeout > 0 and --grace >= 0, got --timeout %s "
+                 "--grace %s" % (args.timeout, args.grace))
   if args.port is not None and not 0 < args.port <= 65536 - (
       args.ps + args.workers):
     parser.error("--port must leave room for %d ports below 65536, got %d"
@@ -106,17 +110,8 @@ def _parse(argv):
   return args
 
 
-# The sibling modules import as top-level modules whether this file runs as
-# a script (its folder is then sys.path[0]) or is loaded by a test or a tool.
-_TOOLS = str(pathlib.Path(__file__).resolve().parent)
-if _TOOLS not in sys.path:
-  sys.path.insert(0, _TOOLS)
-import _by_path  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-_ports = _by_path.ports()
 free_ports = _ports.free_ports
 LOOPBACK = _ports.LOOPBACK
-_confine = _by_path.load("tools/_confine.py", "_sync_replicas_confine")
 
 
 def cluster_spec(*, num_ps, num_workers, base_port=None):
@@ -345,16 +340,16 @@ def _confine_or_refuse(args, launcher):
   try:
     what = _confine.confine()
   except _confine.CannotConfine as e:
-    print("launch: cannot confine the cluster to a private network namespace "
-          "(%s); rerun with --unconfined (or SYNC_REPLICAS_UNCONFINED=1) to "
-          "open its ports to every host that reaches this machine, see "
-          "docs/security.md" % e, file=sys.stderr)
+    _cli.say(PROG, "cannot confine the cluster to a private network "
+             "namespace (%s); rerun with --unconfined (or "
+             "SYNC_REPLICAS_UNCONFINED=1) to open its ports to every host "
+             "that reaches this machine, see docs/security.md" % e)
     return EXIT_USAGE
   if args.port is None:
     args.port = CONFINED_BASE_PORT
   launcher.say("confined to a private %s with only loopback: nothing outside "
                "it reaches the cluster's ports. Run a command inside with: "
-               "tools/launch --enter %d -- COMMAND", what, os.getpid())
+               "%s --enter %d -- COMMAND", what, PROG, os.getpid())
   return None
 
 
@@ -383,35 +378,47 @@ def _enter(args):
     with open("/proc/%d/cmdline" % pid, "rb") as f:
       argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
   except OSError:
-    print("launch: no process %d: give --enter the pid a running launch "
-          "printed in its 'confined ... --enter PID' line" % pid,
-          file=sys.stderr)
+    _cli.say(PROG, "no process %d: give --enter the pid a running launch "
+             "printed in its 'confined ... --enter PID' line" % pid)
     return EXIT_USAGE
-  if not any(os.path.basename(a) == "launch" for a in argv[:3]):
-    print("launch: process %d is not tools/launch, it runs %r: give --enter "
-          "the pid from the launch's 'confined' line"
-          % (pid, " ".join(argv)[:60]), file=sys.stderr)
+  if not _is_launch(argv):
+    _cli.say(PROG, "process %d is not %s, it runs %r: give --enter the pid "
+             "from the launch's 'confined' line"
+             % (pid, PROG, " ".join(argv)[:60]))
     return EXIT_USAGE
   try:
     if not _confine.is_confined_apart(pid):
-      print("launch: launch %d shares this network namespace (it runs "
-            "unconfined, or this shell is already inside): run the command "
-            "without --enter" % pid, file=sys.stderr)
+      _cli.say(PROG, "launch %d shares this network namespace (it runs "
+               "unconfined, or this shell is already inside): run the "
+               "command without --enter" % pid)
       return EXIT_USAGE
     _confine.enter(pid)
   except (OSError, _confine.CannotConfine) as e:
-    print("launch: cannot enter the namespace of launch %d: %s" % (pid, e),
-          file=sys.stderr)
+    _cli.say(PROG, "cannot enter the namespace of launch %d: %s" % (pid, e))
     return EXIT_USAGE
   try:
     os.execvp(args.command[0], args.command)
   except OSError as e:
-    print("launch: could not start %r: %s" % (" ".join(args.command), e),
-          file=sys.stderr)
+    _cli.say(PROG, "could not start %r: %s" % (" ".join(args.command), e))
     return EXIT_CANNOT_RUN
 
 
+def _is_launch(argv):
+  """Whether the command line ``argv`` is a launch's, however it started.
+
+  The console script (``.../sync-replicas-launch``), ``python -m
+  sync_replicas.cli.launch``, or tools/launch of a checkout.
+  """
+  return any(os.path.basename(a) in (PROG, "launch")
+             or a == "sync_replicas.cli.launch" for a in argv[:3])
+
+
 def main(argv=None):
+  """The console script ``sync-replicas-launch``; returns the exit code."""
+  return _cli.run(_main, argv, prog=PROG)
+
+
+def _main(argv):
   args = _parse(argv)
   if args.enter is not None:
     return _enter(args)

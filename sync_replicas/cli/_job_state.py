@@ -1,0 +1,156 @@
+"""A running job's sync state, read through its manifest, as status lines.
+
+Owns what ``sync-replicas-status`` does once its arguments are checked: the
+read-only session to one task of the job, the check that the task holds the
+manifest's sync state, each snapshot (the global step, the tokens queued, each
+accumulator's fresh gradients, and, while an update waits, every replica's
+local step) and its text. It runs only ``num_accumulated``, the queues'
+``size`` and reads of the global and local steps: no take, no dequeue, no
+assign. Separate from ``status`` so that the tool's ``--help`` and argument
+errors come before TensorFlow's import.
+"""
+
+import datetime
+import time
+
+import tensorflow as tf
+
+from sync_replicas import _diagnose
+from sync_replicas import _manifest
+from sync_replicas.cli import _cli
+
+
+def snapshot(sess, ops, manifest):
+  """Reads the state once: a dict with step, tokens, counts and starts."""
+  step, tokens, counts = sess.run(
+      [ops.global_step, ops.tokens, ops.num_accumulated])
+  starts = None if ops.starts is None else int(sess.run(ops.starts))
+  return {"global_step": int(step), "tokens": int(tokens),
+          "counts": [int(c) for c in counts], "starts": starts,
+          "needed": manifest["replicas_to_aggregate"]}
+
+
+def replicas(state, manifest, reader, target, timeout):
+  """The replicas' line (their local steps, which pushes are stale), or None.
+
+  Read only while an update waits; a manifest without a local step (older,
+  or an in-process job) gives None.
+  """
+  spec = manifest.get("local_step")
+  if reader is None or not spec or min(state["counts"] or [0]) >= (
+      state["needed"]):
+    return None
+  devices = _diagnose.manifest_devices(spec["device"],
+                                       manifest["total_num_replicas"])
+  if not devices:
+    return None
+  found = reader.read(target, devices, config=tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=int(timeout * 1000)))
+  return _diagnose.replicas_clause(
+      found, global_step=state["global_step"], tokens=state["tokens"],
+      starts=state["starts"],
+      generations=manifest["global_step"]["dtype"] == "int64", waiting=True)
+
+
+def render(state, manifest, *, stalled_secs=None, stall_secs=None,
+           replicas_line=None):
+  """The snapshot as text lines."""
+  needed = state["needed"]
+  lines = ["sync state at %s" % datetime.datetime.now().strftime("%H:%M:%S"),
+           "  global_step: %d" % state["global_step"],
+           "  tokens queued: %d (each update releases %d)"
+           % (state["tokens"], manifest["tokens_per_step"]),
+           "  accumulators (fresh gradients / needed):"]
+  for entry, count in zip(manifest["accumulators"], state["counts"]):
+    lines.append("    %-40s %d/%d  %s%s" % (
+        entry["variable"], count, needed, entry["device"] or "(local)",
+        "  sparse" if entry["sparse"] else ""))
+  # The chief's stall log line's own words (one text, in _diagnose); the
+  # replicas' clause follows on a line of its own.
+  verdict = _diagnose.verdict(
+      names=[entry["variable"] for entry in manifest["accumulators"]],
+      counts=state["counts"], tokens=state["tokens"],
+      replicas_to_aggregate=needed, global_step=state["global_step"])
+  lines.append("  next: " + verdict)
+  if replicas_line:
+    lines.append("  replicas: " + replicas_line)
+  if stalled_secs is not None and stall_secs and stalled_secs >= stall_secs:
+    lines.append("  STUCK: global step %d has not moved for %.0f s (fewer "
+                 "than %d workers pushing fresh gradients?)"
+                 % (state["global_step"], stalled_secs, needed))
+  return lines
+
+
+def watch(args, *, find_target, out, clock, prog):
+  """Prints the state of the job; returns the exit code.
+
+  Once, or with ``args.watch`` every ``args.interval`` s until
+  ``args.count`` snapshots. A failure is one line on stderr and exit code 1;
+  Ctrl-C (KeyboardInterrupt) passes through to the caller.
+
+  Args:
+    args: The tool's parsed arguments.
+    find_target: Returns the session target; raises ValueError, with what
+      to pass instead, when there is none. Asked once the manifest is read:
+      a file that is no manifest is the first thing to report.
+    out: Where the snapshots go.
+    clock: Seconds, for ``args.stall_secs``.
+    prog: The tool's name, in front of an error.
+  """
+  try:
+    manifest = _manifest.read(args.manifest)
+    target = find_target()
+  except (ValueError, OSError, tf.errors.OpError) as e:
+    _cli.say(prog, str(e))
+    return _cli.EXIT_FAILED
+  graph = tf.Graph()
+  with graph.as_default():
+    # Built first, run first: read_ops would create what it does not find.
+    checks = _manifest.presence_ops(manifest)
+    ops = _manifest.read_ops(manifest)
+  # Only the jobs holding sync state: a dead worker must not hold us up.
+  config = tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=int(args.timeout * 1000),
+      device_filters=_manifest.jobs(manifest))
+  shown, last_step, since = 0, None, clock()
+  spec = manifest.get("local_step")
+  reader = (_diagnose.LocalStepReader(_diagnose.LocalStepSpec(**spec),
+                                      timeout_secs=args.timeout)
+            if spec else None)
+  try:
+    with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
+      found = sess.run([check for _, check in checks])
+      missing = [what for (what, _), ok in zip(checks, found) if not ok]
+      if missing:
+        _cli.say(prog, "%s holds no %s. The manifest is from another job or "
+                 "run, the address is another job's, or the job's chief has "
+                 "not initialized the model yet. Nothing was read or created."
+                 % (target, "; no ".join(missing)))
+        return _cli.EXIT_FAILED
+      while True:
+        state = snapshot(sess, ops, manifest)
+        now = clock()
+        if state["global_step"] != last_step:
+          last_step, since = state["global_step"], now
+        out.write("\n".join(render(
+            state, manifest, stalled_secs=now - since if args.watch else None,
+            stall_secs=args.stall_secs,
+            replicas_line=replicas(state, manifest, reader, target,
+                                   args.timeout))) + "\n")
+        out.flush()
+        shown += 1
+        if not args.watch or (args.count and shown >= args.count):
+          return _cli.EXIT_OK
+        time.sleep(args.interval)
+  except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+    _cli.say(prog, "could not reach the job at %s within %.0f s (%s: %s). Is "
+             "the job running and the address right? A cluster started by "
+             "sync-replicas-launch is reachable only inside its namespace: "
+             "run this through sync-replicas-launch --enter PID -- ..." % (
+                 target, args.timeout, type(e).__name__,
+                 e.message.splitlines()[0][:200]))
+    return _cli.EXIT_FAILED
+  except tf.errors.OpError as e:
+    _cli.say(prog, "could not read the sync state from %s: %s"
+             % (target, e.message.splitlines()[0]))
+    return _cli.EXIT_FAILED
