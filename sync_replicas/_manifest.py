@@ -16,6 +16,7 @@ as if it had created it.
 
 import collections
 import json
+import os
 
 import tensorflow as tf
 
@@ -114,13 +115,24 @@ def _shape(shape):
 
 
 def write(manifest, path):
-  """Writes ``manifest`` as JSON to ``path`` (a file, or a directory).
+  """Writes ``manifest`` as JSON to ``path``.
+
+  ``path`` is a directory (e.g. the chief's checkpoint_dir), which gets
+  ``FILE_NAME`` and is created if it does not exist yet; or a file: one that
+  exists, or a new one whose name ends in ``.json`` (its directory is created
+  if need be). A missing path without ``.json`` is a directory: the chief
+  writes the manifest before its MonitoredTrainingSession creates the
+  checkpoint_dir, and a file there would make that session fail.
 
   Returns:
     The file written.
   """
-  if tf.io.gfile.isdir(path):
+  is_file = tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
+  if not is_file and not path.endswith(".json"):
+    tf.io.gfile.makedirs(path)
     path = path.rstrip("/") + "/" + FILE_NAME
+  elif not is_file and os.path.dirname(path):
+    tf.io.gfile.makedirs(os.path.dirname(path))
   with tf.io.gfile.GFile(path, "w") as f:
     f.write(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
   return path

@@ -199,11 +199,12 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         generations_shared_name=state.generations.shared_name)
 
   def write_sync_manifest(self, path):
-    """Writes ``sync_manifest()`` as JSON for ``tools/status``.
+    """Writes ``sync_manifest()`` as JSON for ``sync-replicas-status``.
 
     Args:
-      path: A file, or a directory (e.g. the chief's checkpoint_dir) that
-        gets ``sync_manifest.json``.
+      path: A directory (e.g. the chief's checkpoint_dir) that gets
+        ``sync_manifest.json``, created if it does not exist yet; or a file:
+        one that exists, or a new one whose name ends in ``.json``.
 
     Returns:
       The file written.

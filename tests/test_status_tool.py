@@ -9,6 +9,8 @@ import io
 import json
 import pathlib
 
+import tensorflow as tf
+
 import sync_replicas
 from sync_replicas.cli import status as status_tool
 import support
@@ -109,3 +111,36 @@ def test_status_counts_the_workers_own_token_queues(tmp_path):
     assert "tokens queued: 2" in text
   finally:
     session.close()
+
+
+def test_write_sync_manifest_creates_a_missing_checkpoint_dir(tmp_path):
+  """Issue 28: docs/operations.md's order (the chief writes the manifest to
+  its checkpoint_dir, then opens its MonitoredTrainingSession there) on a
+  checkpoint_dir that did not exist yet wrote a *file* at that path, and the
+  session then failed with "is not a directory"."""
+  checkpoint_dir = tmp_path / "not" / "yet"
+  with tf.Graph().as_default():
+    step = tf.compat.v1.train.get_or_create_global_step()
+    var = tf.compat.v1.Variable([1.0, 2.0])
+    opt = support.OURS(support.sgd(), replicas_to_aggregate=1)
+    train_op = opt.minimize(tf.reduce_sum(var * var), global_step=step)
+    written = opt.write_sync_manifest(str(checkpoint_dir))
+    assert written == str(checkpoint_dir / "sync_manifest.json")
+    assert json.loads(pathlib.Path(written).read_text())["format"] == (
+        "sync_replicas.manifest/1")
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        is_chief=True, checkpoint_dir=str(checkpoint_dir),
+        hooks=[opt.make_session_run_hook(True)], stop_grace_period_secs=1,
+        config=support.session_config()) as sess:
+      sess.run(train_op)
+    assert list(checkpoint_dir.glob("model.ckpt-*.index")), sorted(
+        p.name for p in checkpoint_dir.iterdir())
+    # A name ending in .json is a file, in a directory made for it; an
+    # existing file is overwritten, whatever its name.
+    named = tmp_path / "elsewhere" / "job.json"
+    assert opt.write_sync_manifest(str(named)) == str(named)
+    assert named.is_file()
+    plain = tmp_path / "manifest"
+    plain.write_text("old")
+    assert opt.write_sync_manifest(str(plain)) == str(plain)
+    assert json.loads(plain.read_text())["replicas_to_aggregate"] == 1
