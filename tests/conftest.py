@@ -19,6 +19,11 @@ def pytest_configure(config):
       "markers", "quick: the inner loop's tests (./tools/test --quick): "
       "unit, validation, graph parity, hook and scenario tests, under a "
       "minute together; a module sets pytestmark = pytest.mark.quick")
+  config.addinivalue_line(
+      "markers", "wheel: builds the package's wheel and installs it into a "
+      "fresh venv under the temporary directory (tests/test_wheel.py, about "
+      "a minute on 2 cores, most of it the TensorFlow imports of a demo "
+      "cluster; a few MB of disk)")
 
 
 @pytest.fixture(params=["stock", "ours"])
