@@ -12,9 +12,11 @@ launch was started.
 import io
 import json
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -51,6 +53,62 @@ def test_status_names_an_unreachable_ps_and_how_to_reach_it(tmp_path, capsys,
       err), err
   assert "sync-replicas-launch --enter PID" in err
   assert state() == [0, 1, [1]]
+
+
+def _status_process(argv, **kwargs):
+  """sync-replicas-status as its own process (python -m), started."""
+  return subprocess.Popen(
+      [sys.executable, "-m", "sync_replicas.cli.status", *argv], cwd=ROOT,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True, **kwargs)
+
+
+@pytest.mark.timeout(120)
+def test_status_process_says_what_failed_in_one_line(tmp_path, half_way):
+  """As a user sees it: one line on stderr, exit code 1, no traceback (and
+  none of TensorFlow's start-up lines)."""
+  _, path, _, _, _ = half_way
+  not_json = tmp_path / "not_json.json"  # half_way's is sync_manifest.json.
+  not_json.write_text("{not json")
+  cases = {
+      "unreachable": (["--manifest", path, "--ps",
+                       "127.0.0.1:%d" % _free_port(), "--timeout", "2"],
+                      "sync-replicas-status: could not reach the job at "
+                      "grpc://127.0.0.1:"),
+      "not-json": (["--manifest", str(not_json), "--ps", "127.0.0.1:1"],
+                   "sync-replicas-status: %s is not a sync manifest: "
+                   "expected JSON" % not_json),
+  }
+  procs = {name: _status_process(argv) for name, (argv, _) in cases.items()}
+  for name, proc in procs.items():
+    try:
+      out, err = proc.communicate(timeout=90)
+    finally:
+      support.kill_group(proc)
+    assert proc.returncode == 1, (name, out, err)
+    assert not out and err.count("\n") == 1, (name, err)
+    assert err.startswith(cases[name][1]), (name, err)
+
+
+@pytest.mark.timeout(120)
+def test_status_process_ends_on_ctrl_c_with_130_and_no_traceback(half_way):
+  # A read that waits (nothing answers at the address for 60 s): Ctrl-C
+  # arrives during TensorFlow's import or inside the session's run, where a
+  # KeyboardInterrupt once came out as a pybind11 RuntimeError traceback.
+  with socket.socket() as silent:
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # Accepts connections, never answers.
+    proc = _status_process(["--manifest", half_way[1], "--ps",
+                            "127.0.0.1:%d" % silent.getsockname()[1],
+                            "--timeout", "60"])
+    try:
+      time.sleep(8)
+      proc.send_signal(signal.SIGINT)
+      out, err = proc.communicate(timeout=30)
+    finally:
+      support.kill_group(proc)
+  assert proc.returncode == 130, (out, err)
+  assert err == "sync-replicas-status: interrupted\n" and not out, err
 
 
 def test_status_explains_a_missing_manifest(tmp_path, capsys):

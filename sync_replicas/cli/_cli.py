@@ -12,7 +12,10 @@ confined; see ``_confine``).
 """
 
 import argparse
+import os
+import signal
 import sys
+import threading
 
 from sync_replicas import __version__
 
@@ -86,14 +89,84 @@ def say(prog, message):
   sys.stderr.flush()
 
 
-def run(main, argv, *, prog):
+def run(main, argv, *, prog, exit_at_once=False):
   """``main(argv)``'s exit code; 130 on Ctrl-C, with one line, no traceback.
 
-  A tool's own clean-up (the launcher stopping its tasks) runs before the
-  interrupt reaches here, in its ``finally`` blocks.
+  Args:
+    main: The tool's body: takes ``argv``, returns the exit code.
+    argv: Its arguments (None: the command line's).
+    prog: The tool's name, in front of the line saying it was interrupted.
+    exit_at_once: Ctrl-C ends the process on the spot instead of raising
+      KeyboardInterrupt, for a tool with nothing to clean up that waits
+      inside TensorFlow: a KeyboardInterrupt raised during a session run
+      comes out as a RuntimeError traceback ("MISMATCH of original and
+      normalized active exception types", pybind11, TensorFlow 2.21).
+      Otherwise the tool's own clean-up (the launcher stopping its tasks)
+      runs in its ``finally`` blocks before the interrupt reaches here.
+
+  Returns:
+    The exit code.
   """
+  if threading.current_thread() is not threading.main_thread():
+    return _run(main, argv, prog)  # Signals reach the main thread only.
+  # Set explicitly: a shell starts a background job with SIGINT ignored, and
+  # Python then installs no handler of its own; Ctrl-C (or kill -INT from a
+  # script) must still end the tool.
+  handler, undo = signal.default_int_handler, lambda: None
+  if exit_at_once:
+    handler = lambda *_: _exit_interrupted(prog)
+    undo = _exit_on_wakeup(prog)
+  previous = signal.signal(signal.SIGINT, handler)
+  try:
+    return _run(main, argv, prog)
+  finally:
+    # As before: a test calls main in its own process.
+    signal.signal(signal.SIGINT, previous)
+    undo()
+
+
+def _run(main, argv, prog):
   try:
     return main(argv)
   except KeyboardInterrupt:
     say(prog, "interrupted")
     return EXIT_INTERRUPTED
+
+
+def _exit_on_wakeup(prog):
+  """Exits on SIGINT even while the main thread waits inside C++.
+
+  Python runs a signal's handler in the main thread once it is back in
+  Python; a session run waiting on an address that never answers is not,
+  for up to its timeout. Python's C-level handler also writes the signal's
+  number to the wakeup fd at once: a thread of ours waits on it.
+
+  Returns:
+    A function that undoes it: the previous wakeup fd back, our thread
+    ended.
+  """
+  read_end, write_end = os.pipe()
+  os.set_blocking(write_end, False)
+  previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+  def wait():
+    with open(read_end, "rb", buffering=0) as signals:
+      for number in iter(lambda: signals.read(1), b""):  # b"": undone.
+        if number == bytes([signal.SIGINT]):
+          _exit_interrupted(prog)
+
+  waiter = threading.Thread(target=wait, name="exit-on-ctrl-c", daemon=True)
+  waiter.start()
+
+  def undo():
+    signal.set_wakeup_fd(previous)
+    os.close(write_end)
+    waiter.join(timeout=5)
+
+  return undo
+
+
+def _exit_interrupted(prog):
+  sys.stdout.flush()
+  say(prog, "interrupted")
+  os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access

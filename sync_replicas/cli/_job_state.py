@@ -147,10 +147,21 @@ def watch(args, *, find_target, out, clock, prog):
              "the job running and the address right? A cluster started by "
              "sync-replicas-launch is reachable only inside its namespace: "
              "run this through sync-replicas-launch --enter PID -- ..." % (
-                 target, args.timeout, type(e).__name__,
-                 e.message.splitlines()[0][:200]))
+                 target, args.timeout, type(e).__name__, _gist(e.message)))
     return _cli.EXIT_FAILED
   except tf.errors.OpError as e:
-    _cli.say(prog, "could not read the sync state from %s: %s"
-             % (target, e.message.splitlines()[0]))
+    _cli.say(prog, "could not read the sync state from %s: %s: %s"
+             % (target, type(e).__name__, _gist(e.message)))
     return _cli.EXIT_FAILED
+
+
+def _gist(message):
+  """The first informative line of a TensorFlow error, for one line of ours.
+
+  TensorFlow 2.21 starts a failed run's message with "Graph execution
+  error:" and a blank line; what went wrong follows.
+  """
+  lines = [line.strip() for line in message.splitlines()]
+  useful = [line for line in lines
+            if line and line != "Graph execution error:"]
+  return (useful or lines or [""])[0][:200]

@@ -101,8 +101,9 @@ def main(argv=None, *, out=None, clock=time.monotonic):
     out: Where the snapshots go (default: stdout); errors go to stderr.
     clock: Seconds, for ``--stall-secs`` (tests pass their own).
   """
+  # Ctrl-C ends it at once: it only reads, and holds no process or file.
   return _cli.run(lambda a: _main(a, out=out or sys.stdout, clock=clock),
-                  argv, prog=PROG)
+                  argv, prog=PROG, exit_at_once=True)
 
 
 def _main(argv, *, out, clock):
