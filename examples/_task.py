@@ -1,8 +1,8 @@
 """Which task this process is, and the plumbing every example shares.
 
 Owns reading the cluster and this process's place in it from TF_CONFIG (as
-``tools/launch``, Kubernetes TFJob and Estimator set it) or, when TF_CONFIG is
-unset, from the TF1-style flags ``--job_name/--task_index/--ps_hosts/
+``sync-replicas-launch``, Kubernetes TFJob and Estimator set it) or, when
+TF_CONFIG is unset, from the TF1-style flags ``--job_name/--task_index/--ps_hosts/
 --worker_hosts`` of ``mnist_replica.py``; starting this task's gRPC server; a
 ps task's serve-forever loop; and a non-chief's bounded wait for the chief.
 None of it is specific to sync_replicas: it is what any between-graph program
@@ -74,7 +74,7 @@ def add_cluster_flags(parser):
       "--backups", type=int,
       default=int(os.environ.get("SYNC_REPLICAS_BACKUPS", "0")),
       help="replicas an update may go without (default: $SYNC_REPLICAS_BACKUPS"
-      " as set by tools/launch --backup, else 0)")
+      " as set by sync-replicas-launch --backup, else 0)")
 
 
 def resolve(args, environ=None):
@@ -102,8 +102,8 @@ def resolve(args, environ=None):
   else:
     if args.job_name is None or args.task_index is None:
       raise SystemExit(
-          "No cluster given: set TF_CONFIG (tools/launch does) or pass "
-          "--job_name {ps,worker} and --task_index N (with --ps_hosts and "
+          "No cluster given: set TF_CONFIG (sync-replicas-launch does) or "
+          "pass --job_name {ps,worker} and --task_index N (with --ps_hosts and "
           "--worker_hosts unless the defaults %s and %s fit)."
           % (_DEFAULT_PS, _DEFAULT_WORKERS))
     jobs = {"ps": _hosts(args.ps_hosts or _DEFAULT_PS),
@@ -165,8 +165,8 @@ def start_server(task):
 def serve_forever(server, task):
   """A ps task's whole life: serve variables until the process is stopped.
 
-  ``server.join()`` never returns; tools/launch (or the cluster manager) ends
-  ps tasks once every replica has finished.
+  ``server.join()`` never returns; sync-replicas-launch (or the cluster
+  manager) ends ps tasks once every replica has finished.
   """
   _LOG.info("ps %d serving at %s; stop it with SIGTERM once training is done",
             task.task_index, task.cluster.task_address("ps", task.task_index))

@@ -10,7 +10,8 @@ Lines specific to sync_replicas are marked ``# sync_replicas:``.
 
 On one machine (1 ps, 3 replicas of which 1 is a backup):
 
-  tools/launch --ps 1 --workers 3 --backup 1 -- python -m examples.digits
+  sync-replicas-launch --ps 1 --workers 3 --backup 1 -- \\
+      python -m examples.digits
 
 or by hand, one terminal per task (TF1 flags, 127.0.0.1:2222-2225 default):
 
@@ -51,7 +52,7 @@ def _parse(argv):
                       help="checkpoint every this many steps")
   parser.add_argument("--logdir", default=os.path.join("runs", "digits"),
                       help="the chief's checkpoints, summaries, plot and "
-                      "sync_manifest.json (for tools/status); training "
+                      "sync_manifest.json (for sync-replicas-status); training "
                       "resumes from a checkpoint found here")
   parser.add_argument("--no_plot", action="store_true",
                       help="skip the PNG plot")
@@ -103,7 +104,7 @@ def _train(args, task, server):
             opt, replicas_to_aggregate=task.num_replicas - args.backups,
             total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
-    # sync_replicas: tell tools/status where the sync state lives
+    # sync_replicas: tell sync-replicas-status where the sync state lives
     # (<logdir>/sync_manifest.json).
     if sync and task.is_chief:
       tf.io.gfile.makedirs(args.logdir)

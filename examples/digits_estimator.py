@@ -12,7 +12,7 @@ project's tools, a 2.15 environment is one variable away:
   SYNC_REPLICAS_TF='tensorflow-cpu==2.15.*' SYNC_REPLICAS_VENV=.venv-215 \\
       ./tools/test tests/test_examples.py -k estimator
 
-  tools/launch --ps 1 --workers 3 --backup 1 -- \\
+  sync-replicas-launch --ps 1 --workers 3 --backup 1 -- \\
       python -m examples.digits_estimator --steps 300
 """
 
@@ -132,7 +132,7 @@ def _train(args, task, server, estimator):
       # sync_replicas: minimize with the sync optimizer.
       train_op = sync_opt.minimize(
           loss, global_step=tf.compat.v1.train.get_global_step())
-      # sync_replicas: tell tools/status where the sync state lives
+      # sync_replicas: tell sync-replicas-status where the sync state lives
       # (<logdir>/sync_manifest.json).
       if task.is_chief:
         tf.io.gfile.makedirs(args.logdir)

@@ -9,7 +9,7 @@ and starts the chief queue runner itself. This example keeps that flow, line
 for line, so that such scripts can swap in sync_replicas unchanged. Lines
 specific to sync_replicas are marked ``# sync_replicas:``.
 
-  tools/launch --ps 1 --workers 3 --backup 1 -- \\
+  sync-replicas-launch --ps 1 --workers 3 --backup 1 -- \\
       python -m examples.digits_supervisor --steps 300
 """
 
@@ -79,7 +79,7 @@ def _train(args, task, server):
           opt, replicas_to_aggregate=task.num_replicas - args.backups,
           total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
-      # sync_replicas: tell tools/status where the sync state lives
+      # sync_replicas: tell sync-replicas-status where the sync state lives
       # (<logdir>/sync_manifest.json).
       if is_chief:
         tf.io.gfile.makedirs(args.logdir)

@@ -33,7 +33,7 @@ def _parse(argv):
   parser.add_argument("--log-every", type=int, default=50)
   parser.add_argument("--logdir", default=os.path.join("runs", "local_demo"),
                       help="where the chief writes sync_manifest.json, for "
-                      "tools/status")
+                      "sync-replicas-status")
   return parser.parse_args(argv)
 
 
@@ -57,7 +57,7 @@ def _worker(args, cluster, task, true_w, results, chief_ready):
           opt, replicas_to_aggregate=args.workers - args.backups,
           total_num_replicas=args.workers)
       train_op = opt.minimize(loss, global_step=global_step)
-      # sync_replicas: tell tools/status where the sync state lives
+      # sync_replicas: tell sync-replicas-status where the sync state lives
       # (<logdir>/sync_manifest.json).
       if is_chief:
         tf.io.gfile.makedirs(args.logdir)

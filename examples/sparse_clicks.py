@@ -10,7 +10,8 @@ how many accumulators are sparse, a progress line every --log_every steps and
 the final test accuracy next to the majority-class baseline. Lines specific to
 sync_replicas are marked ``# sync_replicas:``.
 
-  tools/launch --ps 2 --workers 3 --backup 1 -- python -m examples.sparse_clicks
+  sync-replicas-launch --ps 2 --workers 3 --backup 1 -- \\
+      python -m examples.sparse_clicks
 """
 
 import argparse
@@ -66,7 +67,7 @@ def _parse(argv):
   parser.add_argument("--log_every", type=int, default=50)
   parser.add_argument("--logdir", default=os.path.join("runs", "sparse_clicks"),
                       help="where the chief writes sync_manifest.json, for "
-                      "tools/status")
+                      "sync-replicas-status")
   _task.add_cluster_flags(parser)
   return parser.parse_args(argv)
 
@@ -127,7 +128,7 @@ def _train(args, task, server):
           opt, replicas_to_aggregate=task.num_replicas - args.backups,
           total_num_replicas=task.num_replicas)
       train_op = opt.minimize(loss, global_step=global_step)
-      # sync_replicas: tell tools/status where the sync state lives
+      # sync_replicas: tell sync-replicas-status where the sync state lives
       # (<logdir>/sync_manifest.json).
       if task.is_chief:
         tf.io.gfile.makedirs(args.logdir)

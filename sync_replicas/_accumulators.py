@@ -219,9 +219,9 @@ def reduction_type(entry):
   """How ``entry``'s accumulator reduces: ``"MEAN"`` or ``"SUM"``.
 
   A reader that opens the shared accumulator before the job has created it
-  (e.g. ``tools/status`` against a fresh ps) creates it with the reduction it
-  asked for, and the job then silently reduces that way; readers must ask
-  for this one.
+  (e.g. ``sync-replicas-status`` against a fresh ps) creates it with the
+  reduction it asked for, and the job then silently reduces that way;
+  readers must ask for this one.
   """
   return entry.accumulator.accumulator_ref.op.get_attr(
       "reduction_type").decode("ascii")

@@ -1,7 +1,7 @@
 """Why an update waits: the stall verdict, with every worker's local step.
 
 Owns the one text that says what a stalled update waits for (the chief's
-stall log line and ``tools/status`` both print it) and the read, from
+stall log line and ``sync-replicas-status`` both print it) and the read, from
 outside any worker's graph, of every worker's ``sync_rep_local_step``.
 
 An accumulator drops a push whose local step is behind its own step and

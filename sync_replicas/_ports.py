@@ -1,7 +1,9 @@
 """Free TCP ports on 127.0.0.1, with the standard library only.
 
-Kept free of TensorFlow (and of the package's ``__init__``) so that
-``tools/launch`` can load this file directly and start in milliseconds.
+Kept free of TensorFlow so that the launcher (``sync_replicas.cli.launch``),
+which imports it, starts in milliseconds and can still confine itself (a
+process that imported TensorFlow runs threads); tools/ load this file by its
+path.
 """
 
 import os

@@ -1,8 +1,8 @@
 """Standard-library-only modules of this repository, loaded by file path.
 
-Importing the package would import TensorFlow (seconds, for its
-``__init__``) into tools that need only such modules: the launcher, the
-bench's driver and the test scheduler all use ``sync_replicas/_ports.py``.
+Loaded by path rather than imported so that a tool needs neither the
+package installed nor this checkout on sys.path: the bench's driver and the
+test scheduler both use ``sync_replicas/_ports.py``.
 """
 
 import importlib.util
