@@ -179,3 +179,22 @@ def test_tf_config_names_chief_workers_and_ps_on_loopback():
   assert all(a.startswith("127.0.0.1:") for a in addresses), cluster
   assert len(set(addresses)) == 5
   json.dumps(cluster)
+
+
+def test_launcher_imports_no_tensorflow_and_starts_no_thread():
+  """Issue 28: the launcher is a module of the package now, and must stay
+  confinable (unshare refuses a process with threads, and TensorFlow's
+  import starts some) and quick to start. The status tool answers --help
+  without TensorFlow too."""
+  probe = ("import os, sys\n"
+           "from sync_replicas.cli import launch, status\n"
+           "try:\n"
+           "  status.main(['--help'])\n"
+           "except SystemExit:\n"
+           "  pass\n"
+           "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+           "print('threads', len(os.listdir('/proc/self/task')))\n")
+  done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.rstrip().endswith("threads 1"), done.stdout

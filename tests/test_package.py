@@ -9,7 +9,10 @@ import sys
 import sync_replicas
 
 PACKAGE = pathlib.Path(sync_replicas.__file__).parent
-SOURCES = sorted(PACKAGE.glob("*.py"))
+#: The package's modules the house rules apply to: the top level and the
+#: command-line tools (sync_replicas/cli/, which print to their terminal
+#: through _cli.say and their streams, never with print).
+SOURCES = sorted(PACKAGE.glob("*.py")) + sorted(PACKAGE.glob("cli/*.py"))
 
 
 def _offending_lines(pattern):
@@ -17,7 +20,7 @@ def _offending_lines(pattern):
   for path in SOURCES:
     for number, line in enumerate(path.read_text().splitlines(), 1):
       if re.search(pattern, line) and not line.lstrip().startswith("#"):
-        found.append("%s:%d: %s" % (path.name, number, line.strip()))
+        found.append("%s:%d: %s" % (path.relative_to(PACKAGE), number, line.strip()))
   return found
 
 
@@ -43,7 +46,7 @@ def test_package_never_uses_the_stock_class():
           for alias in node.names) or "sync_replicas_optimizer" in getattr(
               node, "module", "") or "")
       if stock_attr or stock_module:
-        found.append("%s:%d" % (path.name, node.lineno))
+        found.append("%s:%d" % (path.relative_to(PACKAGE), node.lineno))
   assert not found, (
       "The package must not import, wrap or subclass stock's "
       "SyncReplicasOptimizer (it is the reference in tests only): "
@@ -123,8 +126,9 @@ def test_our_code_paths_print_no_deprecation_warning():
   assert "Object was never used" not in done.stderr, done.stderr[-3000:]
 
 
-#: Underscore names that are public API (namedtuples').
-_PUBLIC_UNDERSCORE = {"_asdict", "_replace", "_fields", "_make"}
+#: Underscore names that are public API (namedtuples'; os._exit, which the
+#: status tool's Ctrl-C uses).
+_PUBLIC_UNDERSCORE = {"_asdict", "_replace", "_fields", "_make", "_exit"}
 
 
 def _own_private_names():
@@ -154,7 +158,8 @@ def test_only_compat_may_touch_private_attributes_of_tensorflow_objects():
     for node in ast.walk(ast.parse(path.read_text())):
       if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
           and not node.attr.startswith("__") and node.attr not in own):
-        found.append("%s:%d: .%s" % (path.name, node.lineno, node.attr))
+        found.append("%s:%d: .%s" % (path.relative_to(PACKAGE), node.lineno,
+                                     node.attr))
   assert not found, (
       "Private attributes of TensorFlow objects change between versions; "
       "use the public API, or reach them in _compat.py with a version "
@@ -180,7 +185,8 @@ def test_no_function_or_class_in_the_package_is_too_long():
       size = node.end_lineno - node.lineno + 1
       if size > limit:
         found.append("%s:%d %s is %d lines (at most %d)"
-                     % (path.name, node.lineno, node.name, size, limit))
+                     % (path.relative_to(PACKAGE), node.lineno, node.name, size,
+                        limit))
   assert not found, (
       "Split these into named steps (see docs/design.md's build stages):\n"
       + "\n".join(found))

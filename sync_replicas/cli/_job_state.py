@@ -112,11 +112,6 @@ def watch(args, *, find_target, out, clock, prog):
   config = tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=int(args.timeout * 1000),
       device_filters=_manifest.jobs(manifest))
-  shown, last_step, since = 0, None, clock()
-  spec = manifest.get("local_step")
-  reader = (_diagnose.LocalStepReader(_diagnose.LocalStepSpec(**spec),
-                                      timeout_secs=args.timeout)
-            if spec else None)
   try:
     with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
       found = sess.run([check for _, check in checks])
@@ -127,21 +122,8 @@ def watch(args, *, find_target, out, clock, prog):
                  "not initialized the model yet. Nothing was read or created."
                  % (target, "; no ".join(missing)))
         return _cli.EXIT_FAILED
-      while True:
-        state = snapshot(sess, ops, manifest)
-        now = clock()
-        if state["global_step"] != last_step:
-          last_step, since = state["global_step"], now
-        out.write("\n".join(render(
-            state, manifest, stalled_secs=now - since if args.watch else None,
-            stall_secs=args.stall_secs,
-            replicas_line=replicas(state, manifest, reader, target,
-                                   args.timeout))) + "\n")
-        out.flush()
-        shown += 1
-        if not args.watch or (args.count and shown >= args.count):
-          return _cli.EXIT_OK
-        time.sleep(args.interval)
+      _show(sess, ops, manifest, args, target=target, out=out, clock=clock)
+      return _cli.EXIT_OK
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
     _cli.say(prog, "could not reach the job at %s within %.0f s (%s: %s). Is "
              "the job running and the address right? A cluster started by "
@@ -153,6 +135,30 @@ def watch(args, *, find_target, out, clock, prog):
     _cli.say(prog, "could not read the sync state from %s: %s: %s"
              % (target, type(e).__name__, _gist(e.message)))
     return _cli.EXIT_FAILED
+
+
+def _show(sess, ops, manifest, args, *, target, out, clock):
+  """Writes snapshots to ``out``: one, or ``--watch``'s series."""
+  shown, last_step, since = 0, None, clock()
+  spec = manifest.get("local_step")
+  reader = (_diagnose.LocalStepReader(_diagnose.LocalStepSpec(**spec),
+                                      timeout_secs=args.timeout)
+            if spec else None)
+  while True:
+    state = snapshot(sess, ops, manifest)
+    now = clock()
+    if state["global_step"] != last_step:
+      last_step, since = state["global_step"], now
+    out.write("\n".join(render(
+        state, manifest, stalled_secs=now - since if args.watch else None,
+        stall_secs=args.stall_secs,
+        replicas_line=replicas(state, manifest, reader, target,
+                               args.timeout))) + "\n")
+    out.flush()
+    shown += 1
+    if not args.watch or (args.count and shown >= args.count):
+      return
+    time.sleep(args.interval)
 
 
 def _gist(message):
