@@ -44,11 +44,19 @@ __all__ = sorted(list(_HOMES) + ["__version__"])
 
 def __getattr__(name):
   home = _HOMES.get(name)
-  if home is None:
-    raise AttributeError("module 'sync_replicas' has no attribute %r" % name)
-  value = getattr(importlib.import_module(home), name)
-  globals()[name] = value  # Later look-ups skip this function.
-  return value
+  if home is not None:
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # Later look-ups skip this function.
+    return value
+  # A submodule read as an attribute (``sync_replicas.cluster.free_ports``)
+  # worked when this file imported every module eagerly; it still does.
+  if not name.startswith("__"):
+    try:
+      return importlib.import_module("%s.%s" % (__name__, name))
+    except ModuleNotFoundError as e:
+      if e.name != "%s.%s" % (__name__, name):
+        raise
+  raise AttributeError("module 'sync_replicas' has no attribute %r" % name)
 
 
 def __dir__():
