@@ -15,8 +15,9 @@ share the file system, users and everything but the network with the rest of
 the machine.
 
 Linux only. Standard library only (``ctypes`` for ``unshare(2)`` and
-``setns(2)``): ``tools/launch`` loads this file by path and must start in
-milliseconds, without a venv.
+``setns(2)``): the launcher (``sync_replicas.cli.launch``) imports it and
+must start in milliseconds, without TensorFlow, whose import starts the
+threads that ``confine`` refuses.
 """
 
 import ctypes
