@@ -64,11 +64,13 @@ def _status_process(argv, **kwargs):
 
 
 @pytest.mark.timeout(120)
-def test_status_process_says_what_failed_in_one_line(tmp_path, half_way):
+def test_status_process_says_what_failed_in_one_line(tmp_path):
   """As a user sees it: one line on stderr, exit code 1, no traceback (and
   none of TensorFlow's start-up lines)."""
-  _, path, _, _, _ = half_way
-  not_json = tmp_path / "not_json.json"  # half_way's is sync_manifest.json.
+  # A manifest, and no job: a live one would time out its own sessions
+  # while these processes import TensorFlow on a loaded machine.
+  path = _other_job_manifest(tmp_path)
+  not_json = tmp_path / "not_json.json"
   not_json.write_text("{not json")
   cases = {
       "unreachable": (["--manifest", path, "--ps",
@@ -91,15 +93,15 @@ def test_status_process_says_what_failed_in_one_line(tmp_path, half_way):
 
 
 @pytest.mark.timeout(120)
-def test_status_process_ends_on_ctrl_c_with_130_and_no_traceback(half_way):
+def test_status_process_ends_on_ctrl_c_with_130_and_no_traceback(tmp_path):
   # A read that waits (nothing answers at the address for 60 s): Ctrl-C
   # arrives during TensorFlow's import or inside the session's run, where a
   # KeyboardInterrupt once came out as a pybind11 RuntimeError traceback.
   with socket.socket() as silent:
     silent.bind(("127.0.0.1", 0))
     silent.listen()  # Accepts connections, never answers.
-    proc = _status_process(["--manifest", half_way[1], "--ps",
-                            "127.0.0.1:%d" % silent.getsockname()[1],
+    proc = _status_process(["--manifest", _other_job_manifest(tmp_path),
+                            "--ps", "127.0.0.1:%d" % silent.getsockname()[1],
                             "--timeout", "60"])
     try:
       time.sleep(8)
