@@ -166,7 +166,14 @@ def _exit_on_wakeup(prog):
   return undo
 
 
+#: Held by whichever of the two ways a Ctrl-C arrives (the handler in the
+#: main thread, the wakeup thread) gets there first: one line, one exit.
+_EXITING = threading.Lock()
+
+
 def _exit_interrupted(prog):
+  if not _EXITING.acquire(blocking=False):
+    return  # The other one is exiting.
   sys.stdout.flush()
   say(prog, "interrupted")
   os._exit(EXIT_INTERRUPTED)  # pylint: disable=protected-access
