@@ -79,7 +79,7 @@ class _Tasks:
     self._program.write_text(quick_start_program(README.read_text()))
     ports = _ports.free_ports(4)
     self.ports = dict(zip(["ps", "worker0", "worker1", "worker2"], ports))
-    self._hosts = ["--ps_hosts", "%s:%d" % (_ports.LOOPBACK, ports[0]),
+    self._hosts = ["--ps_host", "%s:%d" % (_ports.LOOPBACK, ports[0]),
                    "--worker_hosts", ",".join(
                        "%s:%d" % (_ports.LOOPBACK, p) for p in ports[1:])]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
