@@ -84,9 +84,24 @@ class Timeline:
     self.local_step_read = None
 
   def _stamp(self, after, name, device):
-    with tf.compat.v1.name_scope(self._scope), \
-        tf.compat.v1.device(device), tf.control_dependencies(after):
-      return tf.timestamp(name=name)
+    """A timestamp on ``device`` taken once everything in ``after`` ran.
+
+    What ``after`` runs on other devices is first grouped there, one no-op
+    per device: every cross-device control edge is a transfer of its own,
+    and one per device is all a mark needs.
+    """
+    by_device = {}
+    for item in after:
+      op = getattr(item, "op", item)
+      by_device.setdefault(op.device, []).append(op)
+    with tf.compat.v1.name_scope(self._scope):
+      deps = by_device.pop(device, [])
+      for where, ops in sorted(by_device.items()):
+        with tf.compat.v1.device(where):
+          deps.append(tf.group(*ops, name=name + "_after") if len(ops) > 1
+                      else ops[0])
+      with tf.compat.v1.device(device), tf.control_dependencies(deps):
+        return tf.timestamp(name=name)
 
   def worker(self, gradients, pushes, token, local_step, *, train_op):
     """The worker's marks: gradients computed, pushes landed, token in.
@@ -104,6 +119,9 @@ class Timeline:
     with tf.compat.v1.name_scope(self._scope), tf.compat.v1.device(device):
       self.local_step_read = tf.cast(local_step.read_value(), tf.int64,
                                      name="local_step")
+      # The token's value crosses to this worker anyway (the train op
+      # stores it); a mark that follows this local copy adds no transfer.
+      got = tf.cast(token, tf.int64, name="token")
     # Each mark also follows the one before, so that two marks whose ops
     # finish together are never read in the wrong order.
     grads = self._stamp(gradients, "gradients_at", device)
@@ -111,8 +129,8 @@ class Timeline:
     self.worker_fetches = {
         "grads": grads,
         "pushed": pushed,
-        "token": self._stamp([token, pushed], "token_at", device),
-        "got": tf.cast(token, tf.int64),
+        "token": self._stamp([got, pushed], "token_at", device),
+        "got": got,
     }
     self._train_op = getattr(train_op, "op", train_op)
     self._verdicts = {}
