@@ -65,6 +65,15 @@ def _parse(argv):
                       "Chen et al. 2016; 0 for none")
   parser.add_argument("--delay_sigma", type=float, default=1.0,
                       help="log-normal sigma of the injected delay")
+  parser.add_argument("--slow_replica", type=int, default=-1,
+                      help="this replica waits --slow_ms more for each "
+                      "batch (a slow input pipeline); -1 for none")
+  parser.add_argument("--slow_ms", type=float, default=100.0,
+                      help="the slow replica's extra wait per batch (ms)")
+  parser.add_argument("--timeline_dir", default=None,
+                      help="where each task writes its sync timeline "
+                      "(default <logdir>/timeline; '' for none); merge with "
+                      "python -m sync_replicas.timeline DIR --png F")
   _task.add_cluster_flags(parser)
   return parser.parse_args(argv)
 
@@ -100,9 +109,12 @@ def _train(args, task, server):
         # sync_replicas: wrap the optimizer; each update averages the
         # gradients of the fastest (replicas - backups) replicas, the rest
         # are dropped.
+        # The timeline: when every phase of every update happened, one
+        # file per task (timeline_dir).
         opt = sync_replicas.SyncReplicasOptimizer(
             opt, replicas_to_aggregate=task.num_replicas - args.backups,
-            total_num_replicas=task.num_replicas)
+            total_num_replicas=task.num_replicas,
+            timeline_dir=_timeline_dir(args) or None)
       train_op = opt.minimize(loss, global_step=global_step)
     # sync_replicas: tell sync-replicas-status where the sync state lives
     # (<logdir>/sync_manifest.json).
@@ -160,6 +172,8 @@ def _train(args, task, server):
         if args.delay_ms:
           time.sleep(delays.lognormal(np.log(args.delay_ms / 1000.0),
                                       args.delay_sigma))
+        if task.replica_index == args.slow_replica:
+          time.sleep(args.slow_ms / 1000.0)
         xs, ys = batches.next()
         _, step, value = sess.run([train_op, global_step, loss],
                                   feed_dict={x: xs, y: ys})
@@ -181,7 +195,19 @@ def _train(args, task, server):
     if not args.no_plot:
       _LOG.info("plot written to %s", log.plot(
           os.path.join(args.logdir, "training.png")))
+    if sync and _timeline_dir(args):
+      # sync_replicas: each task wrote its part; merged once all have ended.
+      _LOG.info("timeline written to %s; once every task has ended: "
+                "python -m sync_replicas.timeline %s --png %s",
+                _timeline_dir(args), _timeline_dir(args),
+                os.path.join(_timeline_dir(args), "last.png"))
   return 0
+
+
+def _timeline_dir(args):
+  if args.timeline_dir is None:
+    return os.path.join(args.logdir, "timeline")
+  return args.timeline_dir
 
 
 class _Progress:

@@ -13,6 +13,7 @@ import numbers
 from typing import Any, Optional
 
 from sync_replicas import _checks
+from sync_replicas import _timeline
 from sync_replicas import _tokens
 
 
@@ -103,6 +104,12 @@ class Options:
       (default): always wait for ``replicas_to_aggregate``, as stock does.
     aggregation_deadline_secs: Not in stock. The deadline for the above;
       set both or neither. Needs ``prompt_stop=True``.
+    timeline_dir: Not in stock. A directory where each task writes when
+      every phase of every update happened (its gradients, push and token
+      wait; the chief's wait for gradients, apply and token release), for
+      ``python -m sync_replicas.timeline`` to merge into one trace. None
+      (default): the environment variable ``SYNC_REPLICAS_TIMELINE`` if set,
+      else no timeline and nothing of it in the graph.
   """
 
   replicas_to_aggregate: int
@@ -123,6 +130,7 @@ class Options:
   worker_index: Optional[int] = None
   min_replicas_to_aggregate: Optional[int] = None
   aggregation_deadline_secs: Optional[float] = None
+  timeline_dir: Optional[str] = None
 
   @property
   def tokens_per_step(self) -> int:
@@ -179,7 +187,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  prompt_stop, stall_log_secs, stall_timeout_secs,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
-                 **unchecked):
+                 timeline_dir, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -194,6 +202,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
     _checks.deadline(min_replicas_to_aggregate, aggregation_deadline_secs,
                      replicas_to_aggregate=r, prompt_stop=prompt_stop)
   _checks.averages(variable_averages, variables_to_average)
+  _timeline.directory_from(timeline_dir)
 
 
 def make(r, t, **extras):
@@ -212,5 +221,6 @@ def make(r, t, **extras):
       # A sum or a replica mean over rows is only right with unique rows.
       combine_sparse_duplicates=(bool(extras["combine_sparse_duplicates"])
                                  or reduction != _checks.ROW_MEAN),
-      statistics_log_steps=extras["statistics_log_steps"] or 0)
+      statistics_log_steps=extras["statistics_log_steps"] or 0,
+      timeline_dir=_timeline.directory_from(extras["timeline_dir"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)

@@ -55,6 +55,7 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _diagnose
 from sync_replicas import _saves
+from sync_replicas import _timeline
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
@@ -234,13 +235,13 @@ class BlockingLoop:
     # graph first (make_callable does not, measured on a remote master), so
     # it looks older than its calls: a stop in its first second may still
     # lose a cancel (docs/operations-soak.md, fault 6).
-    run_sync = sess.make_callable(runner.sync_op)
+    run_sync = runner.sync_callable(sess)
     while not coord.should_stop():
       in_flight.run(run_sync)
 
   def run_local(self, runner, sess, coord):
     is_ready = sess.make_callable(runner.status.ready)
-    run_sync = sess.make_callable(runner.sync_op)
+    run_sync = runner.sync_callable(sess)
     while not coord.should_stop():
       if is_ready():
         runner.updates.run(coord, run_sync)
@@ -287,8 +288,7 @@ class DeadlineLoop:
     full = runner.replicas_to_aggregate
     read = sess.make_callable([runner.global_step] +
                               list(runner.status.num_accumulated))
-    run_sync = sess.make_callable(runner.sync_op,
-                                  feed_list=[self.num_required])
+    run_sync = runner.sync_callable(sess, feed_list=[self.num_required])
     last_update = runner.clock()
     while not coord.should_stop():
       step, *counts = read()
@@ -321,7 +321,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                replicas_to_aggregate, local_step=None, prompt_stop=True,
                stall_log_secs=60.0,
                stall_timeout_secs=None, extra_close_op=None, loop=None,
-               clock=time.monotonic):
+               timeline=None, clock=time.monotonic):
     with _compat.quiet_deprecations():
       super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
@@ -329,6 +329,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # How the chief's thread runs the sync op: BlockingLoop or DeadlineLoop.
     self._loop = loop if loop is not None else BlockingLoop()
     self.sync_op = sync_op
+    self._timeline = timeline
     self.status = status
     self.global_step = global_step
     self.clock = clock
@@ -351,6 +352,12 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   @property
   def prompt_stop(self):
     return self._prompt_stop
+
+  def sync_callable(self, sess, feed_list=None):
+    """A callable that runs the sync op once, as the loops do (recording the
+    update on the timeline, if there is one)."""
+    return _timeline.chief_callable(self._timeline, sess, self.sync_op,
+                                    feed_list=feed_list)
 
   def follow_runs(self, sess, run_state):
     """The hook's view of ``sess``'s runs, read when its threads stop.

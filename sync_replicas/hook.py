@@ -15,6 +15,7 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _runner
 from sync_replicas import _stats
+from sync_replicas import _timeline_hook
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._q_runner = None
     self._init_tokens_op = None
     self._stats_logger = None
+    self._timeline = None
     # The chief's runs, for its runner's stop: recovery or end of training.
     self._run_state = None
 
@@ -82,6 +84,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self._q_runner = None
       self._init_tokens_op = None
     self._stats_logger = None
+    self._timeline = _timeline_hook.WorkerTimeline.of(opt.timeline)
     options = opt.options
     if options.statistics and options.statistics_log_steps:
       self._stats_logger = _stats.StatsLogger(
@@ -105,6 +108,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           "local_init. Init op: %s, error: %s"
           % (self._local_init_op.name, msg))
     session.run(self._local_init_op)
+    if self._timeline is not None:
+      self._timeline.session_started(session)
     if self._init_tokens_op is not None:
       session.run(self._init_tokens_op)
     if self._q_runner is not None:
@@ -114,18 +119,26 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           session, coord=coord, daemon=True, start=True)
 
   def before_run(self, run_context):
-    del run_context  # Fetches only; the run itself is the user's.
     if self._run_state is not None:
       self._run_state.in_run = True
-    fetches = self._stats_logger.fetches() if self._stats_logger else None
+    fetches = {}
+    if self._stats_logger is not None:
+      fetches.update(self._stats_logger.fetches() or {})
+    marks = (self._timeline.before_run(run_context.original_args.fetches)
+             if self._timeline is not None else None)
+    if marks:
+      fetches[_timeline_hook.KEY] = marks
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
     del run_context
     if self._run_state is not None:
       self._run_state.in_run = False
-    if self._stats_logger is not None and run_values.results:
-      self._stats_logger.log(run_values.results)
+    results = dict(run_values.results or {})
+    if self._timeline is not None:
+      self._timeline.after_run(results.pop(_timeline_hook.KEY, None))
+    if self._stats_logger is not None and results:
+      self._stats_logger.log(results)
 
   def end(self, session):
     """MonitoredSession calls it only when training ends, never when it

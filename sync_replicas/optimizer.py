@@ -36,6 +36,7 @@ from sync_replicas import _routes
 from sync_replicas import _saves
 from sync_replicas import _runner
 from sync_replicas import _stats
+from sync_replicas import _timeline
 from sync_replicas import _status
 from sync_replicas import _tokens
 from sync_replicas import _wrapped
@@ -84,7 +85,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                name="sync_replicas",
                *,
                prompt_stop=True, stall_log_secs=60.0, stall_timeout_secs=None,
-               statistics: bool = False,
+               statistics: bool = False, timeline_dir: "str | None" = None,
                statistics_log_steps: "int | None" = 100,
                fuse_dense_gradients: bool = False,
                pack_gradient_transfers: bool = True,
@@ -170,11 +171,14 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
 
   @property
   def statistics_tensors(self):
-    """Statistics scalars by summary tag suffix (``"worker/tokens_taken"``).
-
-    Empty when built with ``statistics=False``.
-    """
+    """Statistics scalars by tag suffix (``"worker/tokens_taken"``); empty
+    when built with ``statistics=False``."""
     return dict(self._built("statistics_tensors", self._state).stats.tensors)
+
+  @property
+  def timeline(self):
+    """The timeline's marks (``_timeline``; ``NoTimeline`` without one)."""
+    return self._built("timeline", self._state).timeline
 
   def sync_manifest(self):
     """What a status tool needs to find this job's sync state on the ps.
@@ -362,7 +366,7 @@ def _validate(opt, grads_and_vars, global_step):
 _Built = collections.namedtuple("_Built", [
     "global_step", "local_step", "tokens", "accumulators", "generations",
     "stats", "scope", "local_step_init_op", "ready_for_local_init_op",
-    "chief_init_op", "chief_queue_runner"])
+    "chief_init_op", "chief_queue_runner", "timeline"])
 
 
 class _Build:
@@ -408,6 +412,8 @@ class _Build:
         local_anchor=local_anchor, generations=self.generations,
         colocate=_compat.colocate_with_local_anchor,
         deadline_updates=self.o.has_deadline)
+    self.timeline = _timeline.build(
+        self.o.timeline_dir, scope=self.scope, local_anchor=local_anchor)
     # The worker's counters start with its local step: TF 0.12's Supervisor
     # recipe runs this op (or chief_init_op) instead of the local variables'
     # initializer. A control dependency keeps stock's op name.
@@ -443,6 +449,7 @@ class _Build:
 
   def gradient_routes(self, grads_and_vars):
     """Every gradient's accumulator, its push and its take."""
+    self.gradients = _timeline.gradient_tensors(grads_and_vars)
     self.routes = _routes.build(
         grads_and_vars, options=self.o, stats=self.stats,
         name=self.name, prefix=_tokens.shared_prefix(self.name),
@@ -465,7 +472,10 @@ class _Build:
     pushed = self.stats.after_pushes(self.routes.pushes)
     token = self.tokens.take(self.routes.pushes + pushed.ops, self.local_step)
     with tf.control_dependencies(self.stats.after_token(token, pushed)):
-      return tf.compat.v1.assign(self.local_step, token)
+      train_op = tf.compat.v1.assign(self.local_step, token)
+    self.timeline.worker(self.gradients, self.routes.pushes, token,
+                         self.local_step, train_op=train_op)
+    return train_op
 
   def chief_sync_op(self):
     """The update, then the tokens (and the averages, in their place)."""
@@ -478,6 +488,8 @@ class _Build:
       released = self.tokens.release(self.global_step,
                                      encode=self.generations.encode)
     self.sync_op = averages.after_tokens(released)
+    self.timeline.chief(_timeline.gradient_tensors(self.routes.aggregated),
+                        self.update_op, self.sync_op, self.global_step)
 
   def chief_runner(self):
     """The status ops, the statistics' last part, and the chief's runner."""
@@ -496,7 +508,8 @@ class _Build:
         replicas_to_aggregate=self.o.replicas_to_aggregate,
         prompt_stop=self.o.prompt_stop, stall_log_secs=self.o.stall_log_secs,
         stall_timeout_secs=self.o.stall_timeout_secs,
-        extra_close_op=self.tokens.close_op(), loop=self.loop)
+        extra_close_op=self.tokens.close_op(), loop=self.loop,
+        timeline=self.timeline)
 
   def chief_init_op(self):
     """The chief's local init: local step, accumulators, restart state."""
@@ -518,4 +531,4 @@ class _Build:
         self.global_step, self.local_step, self.tokens,
         self.routes.accumulators, self.generations, self.stats, self.scope,
         self.local_step_init_op, self.ready_for_local_init_op,
-        self.chief_init, self.runner)
+        self.chief_init, self.runner, self.timeline)

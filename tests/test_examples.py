@@ -26,6 +26,7 @@ from examples import digits_estimator
 import sync_replicas
 from sync_replicas import cluster as cluster_lib
 import support
+from sync_replicas import timeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tools" / "launch"
@@ -67,7 +68,8 @@ def _final_accuracy(out):
 def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   out = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
                 "examples.digits", "--steps", "100", "--log_every", "25",
-                "--checkpoint_every", "50", "--logdir", str(tmp_path))
+                "--checkpoint_every", "50", "--logdir", str(tmp_path),
+                "--slow_replica", "2", "--slow_ms", "30")
   assert _final_accuracy(out) > 0.8, out[-4000:]  # chance: 0.1
   assert re.search(r"\[chief0\] step +\d+  loss \d\.\d+  test accuracy "
                    r"\d\.\d+  \d+\.\d steps/s", out), out[-4000:]
@@ -79,6 +81,16 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert list(tmp_path.glob("events.out.tfevents.*"))
   plot = tmp_path / "training.png"
   assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The timeline every task wrote, merged now that all have ended: the
+  # slowed replica (worker-1, replica 2) is the backup whose pushes come
+  # too late, and the chief said where the timeline is.
+  assert "timeline written to %s" % (tmp_path / "timeline") in out
+  rows = timeline.merge(str(tmp_path / "timeline"),
+                        out=str(tmp_path / "trace.json"),
+                        png=str(tmp_path / "last.png"))
+  assert set(rows) == {"chief-0", "worker-0", "worker-1"}, rows
+  assert max(rows, key=lambda t: rows[t]["stale_pushes"]) == "worker-1", rows
+  assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.timeout(240)

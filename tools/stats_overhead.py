@@ -2,6 +2,11 @@
 """Measures what ``statistics=True`` costs: steps/s on and off, same run.
 
   .venv/bin/python tools/stats_overhead.py --secs 10 --rounds 3
+  .venv/bin/python tools/stats_overhead.py --on '{"timeline_dir": "/tmp/t"}'
+
+``--on`` names other options to measure the same way (the timeline's cost
+in docs/timeline.md was measured so); "on" is then those options, "off"
+the defaults.
 
 Each round trains the same small model on a fresh in-process cluster
 (1 ps, --workers replicas aggregating all of them, every task on 127.0.0.1)
@@ -18,6 +23,7 @@ default.
 """
 
 import argparse
+import json
 import os
 import statistics as pystats
 import sys
@@ -37,7 +43,7 @@ import bench_report  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
 
-def _worker_graph(cluster, task, *, workers, stats):
+def _worker_graph(cluster, task, *, workers, options):
   graph = tf.Graph()
   with graph.as_default():
     setter = tf.compat.v1.train.replica_device_setter(
@@ -53,7 +59,7 @@ def _worker_graph(cluster, task, *, workers, stats):
       opt = sync_replicas.SyncReplicasOptimizer(
           tf.compat.v1.train.GradientDescentOptimizer(0.01),
           replicas_to_aggregate=workers, total_num_replicas=workers,
-          statistics=stats, statistics_log_steps=0)
+          statistics_log_steps=0, **options)
       train_op = opt.minimize(loss, global_step=global_step)
     hook = opt.make_session_run_hook(task == 0)
     session = tf.compat.v1.train.MonitoredTrainingSession(
@@ -64,10 +70,10 @@ def _worker_graph(cluster, task, *, workers, stats):
   return session, train_op, global_step, opt
 
 
-def run_once(*, workers, secs, stats):
+def run_once(*, workers, secs, options):
   """Global steps per second of one fresh cluster, over ``secs`` seconds."""
   cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
-  built = [_worker_graph(cluster, t, workers=workers, stats=stats)
+  built = [_worker_graph(cluster, t, workers=workers, options=options)
            for t in range(workers)]
   stop = threading.Event()
   errors = []
@@ -114,14 +120,18 @@ def main(argv=None):
   parser.add_argument("--secs", type=float, default=10.0,
                       help="measured seconds per run")
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--on", type=json.loads,
+                      default={"statistics": True},
+                      help="JSON options of the measured side")
   args = parser.parse_args(argv)
   rates = {False: [], True: []}
   ratios = []
   for r in range(args.rounds):
     for stats in ((False, True) if r % 2 == 0 else (True, False)):
-      rate = run_once(workers=args.workers, secs=args.secs, stats=stats)
+      rate = run_once(workers=args.workers, secs=args.secs,
+                      options=args.on if stats else {})
       rates[stats].append(rate)
-      print("round %d statistics=%-5s %7.1f steps/s" % (r, stats, rate))
+      print("round %d %s=%-5s %7.1f steps/s" % (r, "on" , stats, rate))
     # Within a round both runs saw about the same machine: their ratio is
     # the evidence, as the bench's per-repetition ratios are.
     ratios.append(rates[True][-1] / rates[False][-1])
@@ -133,9 +143,9 @@ def main(argv=None):
     return 0
   low, high, coverage = interval
   print("ratio on/off %.3f, median of %d per-round ratios; interval "
-        "%.3f-%.3f (sign test, %d%% coverage): statistics on is %s" % (
+        "%.3f-%.3f (sign test, %d%% coverage): %s on is %s" % (
             pystats.median(ratios), len(ratios), low, high,
-            round(coverage * 100), {
+            round(coverage * 100), json.dumps(args.on), {
                 "slower": "slower than off", "faster": "faster than off",
                 "equal within noise": "equal to off within noise"}[
                     bench_report.verdict(interval)]))

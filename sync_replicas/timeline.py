@@ -1,0 +1,349 @@
+"""Merges the tasks' timeline files into one trace, a picture and a verdict.
+
+Owns reading the files that tasks write when the optimizer has a
+``timeline_dir`` (``<task>.worker.jsonl``, ``<task>.chief.jsonl``), putting
+their clocks on the chief's, deciding which pushes were stale and which
+worker each update waited for, and writing:
+
+* a Chrome trace (``chrome://tracing``, Perfetto): one process row per task,
+  its train steps (compute, push, wait for token) on one thread and, on the
+  chief, the sync loop (wait for gradients, apply, release tokens) on
+  another; every event carries its global step;
+* optionally a PNG of the last N updates (matplotlib), one row per task;
+* a summary: per worker, how many updates waited for it last and its
+  median token wait. The straggler is the worker the others wait for.
+
+Clocks: every record is wall-clock time (``time.time`` and
+``tf.timestamp``, the same clock) of the task that wrote it. Tasks on one
+machine share that clock: their events line up exactly. Across machines the
+clocks are taken as synchronized (NTP), and corrected only where causality
+proves them wrong: a worker whose token arrived, on its clock, before the
+chief began the sync run that released it runs behind by at least the
+difference, and is moved forward by the largest such difference
+(``clock_offsets``). What remains is the machines' own synchronization error,
+up to how long a sync run lasts (a clock that runs ahead, or behind by less
+than that, is not detected). The offsets are in the trace
+(``otherData.clock_offsets_secs``) and in each task's row name.
+``--help`` shows an example.
+
+  python -m sync_replicas.timeline DIR --out trace.json --png last.png
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import statistics
+import sys
+
+#: Steps of one restart generation in int64 tokens (``_restart``); the
+#: timeline labels plain steps.
+_STRIDE = 1 << 32
+
+Update = collections.namedtuple(
+    "Update", "task began taken applied released step")
+Step = collections.namedtuple(
+    "Step", "task began grads pushed token step got stale")
+
+
+def read(directory):
+  """Reads every task's records: ``(updates, steps, tasks)``.
+
+  Raises:
+    FileNotFoundError: no timeline file in ``directory``.
+  """
+  updates, steps, tasks = [], [], []
+  paths = sorted(glob.glob(os.path.join(directory, "*.jsonl")))
+  if not paths:
+    raise FileNotFoundError(
+        "no timeline files (*.jsonl) in %s: was the job built with "
+        "timeline_dir=%r, or SYNC_REPLICAS_TIMELINE set?"
+        % (directory, directory))
+  for path in paths:
+    task, role = os.path.basename(path).rsplit(".", 2)[:2]
+    if task not in tasks:
+      tasks.append(task)
+    with open(path, encoding="utf-8") as lines:
+      for line in lines:
+        try:
+          r = json.loads(line)
+        except ValueError:
+          continue  # A line cut by a killed task.
+        if role == "chief" and r.get("kind") == "update":
+          updates.append(Update(task, r["began"], r["taken"], r["applied"],
+                                r["released"], r["step"] % _STRIDE))
+        elif role == "worker" and r.get("kind") == "step":
+          steps.append(Step(task, r["began"], r["grads"], r["pushed"],
+                            r["token"], None if r["step"] is None
+                            else r["step"] % _STRIDE, r["got"] % _STRIDE,
+                            None))
+  updates.sort(key=lambda u: u.applied)
+  steps.sort(key=lambda s: s.began)
+  return updates, steps, tasks
+
+
+def clock_offsets(updates, steps):
+  """Seconds to add to each task's clock to put it on the chief's.
+
+  Only what causality proves: a token for step S cannot arrive before the
+  chief began the sync run that released it, so a worker whose token
+  arrived earlier, on its clock, runs behind by at least the difference,
+  and is moved forward by the largest such difference. On one machine, and
+  with clocks synchronized better than a sync run lasts, nothing is moved.
+  """
+  began = collections.defaultdict(list)
+  for u in updates:
+    began[u.step].append(u.began)
+  chief = {u.task for u in updates}
+  offsets = collections.defaultdict(float)
+  for s in steps:
+    if s.task in chief or s.got not in began:
+      continue
+    # The run that released this token: the last that began before it
+    # arrived, or the first, on a clock that runs behind.
+    before = [t for t in began[s.got] if t <= s.token]
+    start = max(before) if before else min(began[s.got])
+    offsets[s.task] = max(offsets[s.task], start - s.token)
+  return {task: secs for task, secs in offsets.items() if secs > 0}
+
+
+def aligned(updates, steps):
+  """The records on the chief's clock, with each push judged stale or not.
+
+  A push at local step L is stale when the global step was already past L
+  when it began (an update to a step above L had been applied): its
+  ``pushed`` mark is taken when the worker learns the push landed, which
+  may follow the update that push itself completed. A push that began
+  before an update and landed after it is judged fresh: the one race this
+  reading cannot see.
+  """
+  offsets = clock_offsets(updates, steps)
+  shifted = []
+  applied = [(u.applied, u.step) for u in updates]
+  for s in steps:
+    d = offsets.get(s.task, 0.0)
+    s = s._replace(began=s.began + d, grads=s.grads + d,
+                   pushed=s.pushed + d, token=s.token + d)
+    past = max((step for t, step in applied if t <= s.grads), default=0)
+    shifted.append(s._replace(stale=s.step is not None and past > s.step))
+  return updates, shifted, offsets
+
+
+def waited_for(updates, steps):
+  """For each update, the worker whose push the chief waited for last.
+
+  Update to step S averages fresh pushes at local step S - 1; of those that
+  began before its takes returned, the last to begin is what it waited for.
+  (A push's start, not its ``pushed`` mark: the worker learns its push
+  landed one hop after the ps, so the mark of the push an update waited
+  for can follow the chief's own mark of the takes returning.)
+
+  Returns:
+    ``{step: task}``.
+  """
+  by_step = collections.defaultdict(list)
+  for s in steps:
+    if not s.stale and s.step is not None:
+      by_step[s.step].append(s)
+  verdict = {}
+  for u in updates:
+    began = [s for s in by_step.get(u.step - 1, ()) if s.grads <= u.taken]
+    if began:
+      verdict[u.step] = max(began, key=lambda s: s.grads).task
+  return verdict
+
+
+def summary(updates, steps):
+  """Per task: updates waited for it last, steps, stale pushes, median wait."""
+  last = collections.Counter(waited_for(updates, steps).values())
+  rows = {}
+  for task in sorted({s.task for s in steps}):
+    mine = [s for s in steps if s.task == task]
+    rows[task] = {
+        "waited_for_last": last.get(task, 0),
+        "steps": len(mine),
+        "stale_pushes": sum(1 for s in mine if s.stale),
+        "median_token_wait_ms": round(
+            1000 * statistics.median(s.token - s.pushed for s in mine), 3),
+        "median_compute_ms": round(
+            1000 * statistics.median(s.grads - s.began for s in mine), 3),
+    }
+  return rows
+
+
+def straggler(rows):
+  """The task most updates waited for last, or None for no updates."""
+  if not rows or not any(r["waited_for_last"] for r in rows.values()):
+    return None
+  return max(rows, key=lambda t: rows[t]["waited_for_last"])
+
+
+def chrome_trace(updates, steps, offsets):
+  """The trace as a dict, ready for ``json.dump``."""
+  tasks = sorted({s.task for s in steps} | {u.task for u in updates})
+  pid = {t: i + 1 for i, t in enumerate(tasks)}
+  zero = min([s.began for s in steps] + [u.began for u in updates] or [0])
+  us = lambda t: round((t - zero) * 1e6, 1)  # pylint: disable=unnecessary-lambda-assignment
+  events = []
+  chief = {u.task for u in updates}
+  for t in tasks:
+    label = t + (" (chief)" if t in chief else "")
+    events.append({"ph": "M", "name": "process_name", "pid": pid[t],
+                   "args": {"name": label}})
+    events.append({"ph": "M", "name": "process_sort_index", "pid": pid[t],
+                   "args": {"sort_index": pid[t]}})
+    events.append({"ph": "M", "name": "thread_name", "pid": pid[t], "tid": 0,
+                   "args": {"name": "train steps (clock +%.6f s)"
+                                    % offsets.get(t, 0.0)}})
+    if t in chief:
+      events.append({"ph": "M", "name": "thread_name", "pid": pid[t],
+                     "tid": 1, "args": {"name": "sync loop"}})
+
+  def span(name, task, tid, start, end, args):
+    events.append({"ph": "X", "name": name, "cat": "sync_replicas",
+                   "pid": pid[task], "tid": tid, "ts": us(start),
+                   "dur": max(us(end) - us(start), 0.0), "args": args})
+  previous = {}
+  for s in steps:
+    args = {"global_step": s.step, "token_step": s.got, "stale": s.stale}
+    if s.task in previous:
+      span("between runs (input, Python)", s.task, 0, previous[s.task],
+           s.began, {})
+    previous[s.task] = s.token
+    span("step %s" % s.step, s.task, 0, s.began, s.token, args)
+    span("compute", s.task, 0, s.began, s.grads, args)
+    span("push (stale, dropped)" if s.stale else "push", s.task, 0, s.grads,
+         s.pushed, args)
+    span("wait for token", s.task, 0, s.pushed, s.token, args)
+  last = waited_for(updates, steps)
+  for u in updates:
+    args = {"global_step": u.step, "waited_for": last.get(u.step)}
+    span("update to step %d" % u.step, u.task, 1, u.began, u.released, args)
+    span("wait for gradients", u.task, 1, u.began, u.taken, args)
+    span("apply", u.task, 1, u.taken, u.applied, args)
+    span("release tokens", u.task, 1, u.applied, u.released, args)
+  return {"traceEvents": events, "displayTimeUnit": "ms",
+          "otherData": {"clock_offsets_secs": dict(offsets),
+                        "zero_unix_secs": zero}}
+
+
+_COLORS = {"between runs": "#f3e3a0", "compute": "#4c72b0", "push": "#dd8452", "stale": "#c44e52",
+           "wait for token": "#cccccc", "wait for gradients": "#cccccc",
+           "apply": "#55a868", "release tokens": "#8172b3"}
+
+
+def render(path, updates, steps, *, last=20, title=""):
+  """A PNG of the last ``last`` updates: one row per task (matplotlib)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  from matplotlib import patches  # pylint: disable=g-import-not-at-top
+  shown = updates[-last:]
+  if shown:
+    lo, hi = shown[0].began, shown[-1].released
+    steps = [s for s in steps if s.token >= lo and s.began <= hi]
+  else:
+    lo = min([s.began for s in steps] or [0])
+    hi = max([s.token for s in steps] or [1])
+  tasks = sorted({s.task for s in steps})
+  rows = tasks + (["chief sync loop"] if shown else [])
+  fig, ax = pyplot.subplots(figsize=(12, 1.0 + 0.6 * len(rows)))
+  for y, task in enumerate(tasks):
+    previous = None
+    for s in (s for s in steps if s.task == task):
+      if previous is not None:
+        ax.broken_barh([(previous - lo, s.began - previous)],
+                       (y - 0.35, 0.7), color=_COLORS["between runs"])
+      previous = s.token
+      for start, end, kind in ((s.began, s.grads, "compute"),
+                               (s.grads, s.pushed,
+                                "stale" if s.stale else "push"),
+                               (s.pushed, s.token, "wait for token")):
+        ax.broken_barh([(start - lo, end - start)], (y - 0.35, 0.7),
+                       color=_COLORS[kind])
+  y = len(tasks)
+  for u in shown:
+    for start, end, kind in ((u.began, u.taken, "wait for gradients"),
+                             (u.taken, u.applied, "apply"),
+                             (u.applied, u.released, "release tokens")):
+      ax.broken_barh([(start - lo, end - start)], (y - 0.35, 0.7),
+                     color=_COLORS[kind])
+    ax.text(u.released - lo, y + 0.4, str(u.step), fontsize=7, ha="right")
+  ax.set_yticks(range(len(rows)))
+  ax.set_yticklabels(rows)
+  ax.invert_yaxis()
+  ax.set_xlabel("seconds (chief's clock)")
+  ax.set_title(title)
+  ax.legend(handles=[patches.Patch(color=c, label=k)
+                     for k, c in _COLORS.items()],
+            loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=8,
+            fontsize=8, frameon=False)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  pyplot.close(fig)
+
+
+def merge(directory, *, out=None, png=None, last=20):
+  """Reads ``directory``, writes the trace (and PNG); returns the summary."""
+  updates, steps, _ = read(directory)
+  updates, steps, offsets = aligned(updates, steps)
+  rows = summary(updates, steps)
+  if out:
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump(chrome_trace(updates, steps, offsets), f)
+  if png:
+    slow = straggler(rows)
+    render(png, updates, steps, last=last,
+           title="last %d updates; waited for last most often: %s"
+           % (min(last, len(updates)), slow or "none"))
+  return rows
+
+
+EXAMPLE = """\
+example:
+  # each task of the job, built with timeline_dir=DIR or run with
+  # SYNC_REPLICAS_TIMELINE=DIR, wrote DIR/<task>.worker.jsonl (and the
+  # chief DIR/<task>.chief.jsonl); then, on a machine that can read DIR:
+  python -m sync_replicas.timeline DIR --out trace.json --png last.png
+  # open trace.json in chrome://tracing or https://ui.perfetto.dev
+"""
+
+
+def main(argv=None):
+  """``python -m sync_replicas.timeline DIR [--out F] [--png F] [--last N]``."""
+  parser = argparse.ArgumentParser(
+      prog="python -m sync_replicas.timeline",
+      description="Merge the tasks' sync_replicas timeline files into one "
+      "Chrome trace (one row per task, updates labelled by global step), "
+      "optionally a PNG of the last updates, and print which worker the "
+      "updates waited for.", epilog=EXAMPLE,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("directory", help="the timeline_dir the tasks wrote")
+  parser.add_argument("--out", help="trace file to write (default: "
+                      "DIRECTORY/trace.json)")
+  parser.add_argument("--png", help="also draw the last updates here")
+  parser.add_argument("--last", type=int, default=20,
+                      help="updates in the PNG (default 20)")
+  args = parser.parse_args(argv)
+  if args.last < 1:
+    parser.error("--last must be at least 1, got %d" % args.last)
+  out = args.out or os.path.join(args.directory, "trace.json")
+  try:
+    rows = merge(args.directory, out=out, png=args.png, last=args.last)
+  except (OSError, ValueError) as e:
+    sys.stderr.write("sync_replicas.timeline: %s\n" % e)
+    return 1
+  sys.stdout.write("trace: %s\n" % out)
+  if args.png:
+    sys.stdout.write("picture: %s\n" % args.png)
+  for task, row in rows.items():
+    sys.stdout.write("%s: %s\n" % (task, ", ".join(
+        "%s=%s" % kv for kv in row.items())))
+  slow = straggler(rows)
+  sys.stdout.write("waited for last most often: %s\n" % (slow or "none"))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
