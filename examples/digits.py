@@ -73,7 +73,7 @@ def _parse(argv):
   parser.add_argument("--timeline_dir", default=None,
                       help="where each task writes its sync timeline "
                       "(default <logdir>/timeline; '' for none); merge with "
-                      "python -m sync_replicas.timeline DIR --png F")
+                      "sync-replicas-timeline DIR --png F")
   _task.add_cluster_flags(parser)
   return parser.parse_args(argv)
 
@@ -198,7 +198,7 @@ def _train(args, task, server):
     if sync and _timeline_dir(args):
       # sync_replicas: each task wrote its part; merged once all have ended.
       _LOG.info("timeline written to %s; once every task has ended: "
-                "python -m sync_replicas.timeline %s --png %s",
+                "sync-replicas-timeline %s --png %s",
                 _timeline_dir(args), _timeline_dir(args),
                 os.path.join(_timeline_dir(args), "last.png"))
   return 0

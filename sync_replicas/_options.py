@@ -107,7 +107,7 @@ class Options:
     timeline_dir: Not in stock. A directory where each task writes when
       every phase of every update happened (its gradients, push and token
       wait; the chief's wait for gradients, apply and token release), for
-      ``python -m sync_replicas.timeline`` to merge into one trace. None
+      ``sync-replicas-timeline`` to merge into one trace. None
       (default): the environment variable ``SYNC_REPLICAS_TIMELINE`` if set,
       else no timeline and nothing of it in the graph.
   """

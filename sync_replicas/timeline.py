@@ -24,18 +24,24 @@ difference, and is moved forward by the largest such difference
 up to how long a sync run lasts (a clock that runs ahead, or behind by less
 than that, is not detected). The offsets are in the trace
 (``otherData.clock_offsets_secs``) and in each task's row name.
-``--help`` shows an example.
 
-  python -m sync_replicas.timeline DIR --out trace.json --png last.png
+Each task of the job, built with timeline_dir=DIR or run with
+SYNC_REPLICAS_TIMELINE=DIR, wrote DIR/<task>.worker.jsonl (the chief also
+DIR/<task>.chief.jsonl); once they have ended, on a machine that can read
+DIR (also as python -m sync_replicas.timeline):
+
+  sync-replicas-timeline DIR --png last.png
+  # then open DIR/trace.json in chrome://tracing or ui.perfetto.dev
 """
 
-import argparse
 import collections
 import glob
 import json
 import os
 import statistics
 import sys
+
+from sync_replicas.cli import _cli
 
 #: Steps of one restart generation in int64 tokens (``_restart``); the
 #: timeline labels plain steps.
@@ -300,31 +306,23 @@ def merge(directory, *, out=None, png=None, last=20):
   return rows
 
 
-EXAMPLE = """\
-example:
-  # each task of the job, built with timeline_dir=DIR or run with
-  # SYNC_REPLICAS_TIMELINE=DIR, wrote DIR/<task>.worker.jsonl (and the
-  # chief DIR/<task>.chief.jsonl); then, on a machine that can read DIR:
-  python -m sync_replicas.timeline DIR --out trace.json --png last.png
-  # open trace.json in chrome://tracing or https://ui.perfetto.dev
-"""
+PROG = "sync-replicas-timeline"
 
 
 def main(argv=None):
-  """``python -m sync_replicas.timeline DIR [--out F] [--png F] [--last N]``."""
-  parser = argparse.ArgumentParser(
-      prog="python -m sync_replicas.timeline",
-      description="Merge the tasks' sync_replicas timeline files into one "
-      "Chrome trace (one row per task, updates labelled by global step), "
-      "optionally a PNG of the last updates, and print which worker the "
-      "updates waited for.", epilog=EXAMPLE,
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+  """The console script ``sync-replicas-timeline``; returns the exit code."""
+  # Ctrl-C ends it at once: it only reads the records and writes its files.
+  return _cli.run(_main, argv, prog=PROG, exit_at_once=True)
+
+
+def _main(argv):
+  parser = _cli.parser(PROG, __doc__)
   parser.add_argument("directory", help="the timeline_dir the tasks wrote")
   parser.add_argument("--out", help="trace file to write (default: "
                       "DIRECTORY/trace.json)")
   parser.add_argument("--png", help="also draw the last updates here")
   parser.add_argument("--last", type=int, default=20,
-                      help="updates in the PNG (default 20)")
+                      help="updates in the PNG")
   args = parser.parse_args(argv)
   if args.last < 1:
     parser.error("--last must be at least 1, got %d" % args.last)
@@ -332,8 +330,8 @@ def main(argv=None):
   try:
     rows = merge(args.directory, out=out, png=args.png, last=args.last)
   except (OSError, ValueError) as e:
-    sys.stderr.write("sync_replicas.timeline: %s\n" % e)
-    return 1
+    sys.stderr.write("%s: %s\n" % (PROG, e))
+    return _cli.EXIT_FAILED
   sys.stdout.write("trace: %s\n" % out)
   if args.png:
     sys.stdout.write("picture: %s\n" % args.png)

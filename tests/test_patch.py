@@ -312,8 +312,11 @@ def test_runner_refuses_bad_arguments_with_exit_code_2(tmp_path, argv,
                                                          message):
   done = _run(RUNNER + argv, cwd=tmp_path)
   assert done.returncode == 2, done
-  assert message in done.stderr and "Traceback" not in done.stderr, (
+  # One line, as every tool of the package (sync_replicas/cli/_cli.py).
+  assert done.stderr.startswith("sync-replicas-run: error: "), done.stderr
+  assert done.stderr.count("\n") == 1 and message in done.stderr, (
       done.stderr)
+  assert not done.stdout
 
 
 def test_runner_help_and_version():
@@ -324,7 +327,8 @@ def test_runner_help_and_version():
                "What is not", "example:"):
     assert said in helped.stdout, said
   version = _run(RUNNER + ["--version"])
-  assert version.stdout == "sync_replicas %s\n" % sync_replicas.__version__
+  assert version.stdout == ("sync-replicas-run (sync_replicas) %s\n"
+                            % sync_replicas.__version__)
 
 
 def test_runner_patches_after_the_programs_own_import_of_tensorflow(

@@ -17,12 +17,15 @@ import sys
 
 import sync_replicas
 from sync_replicas import patch
+from sync_replicas.cli import _cli
 
-PROG = "python -m sync_replicas.patch"
+#: The installed command; ``python -m sync_replicas.patch`` is the same.
+PROG = "sync-replicas-run"
 
 USAGE = """\
 usage: %(prog)s [--help] [--version] [--list] SCRIPT [ARGS...]
        %(prog)s [--list] -m MODULE [ARGS...]
+   or: python -m sync_replicas.patch ... (the same)
 """
 
 HELP = USAGE + """
@@ -30,7 +33,10 @@ Runs a TensorFlow 1.x-style training program unchanged, with
 sync_replicas.SyncReplicasOptimizer wherever the program reaches stock's
 SyncReplicasOptimizer. The program runs in this process as `python SCRIPT
 [ARGS...]` (or `python -m MODULE [ARGS...]`) would run it: same sys.argv,
-sys.path[0], __name__ == "__main__", exit code, signals and tracebacks.
+sys.path[0], __name__ == "__main__", exit code, signals and tracebacks
+(Ctrl-C included: the program's KeyboardInterrupt, as under python, not
+this runner's). Errors of the runner's own arguments are one line and exit
+code 2.
 
 %(scope)s
 options:
@@ -42,11 +48,10 @@ options:
 
 example:
   %(prog)s train.py --job_name=worker --task_index=0
-  %(prog)s -m my_project.train --ps_hosts=127.0.0.1:2222
+  python -m sync_replicas.patch -m my_project.train --ps_hosts=127.0.0.1:2222
 """
 
-#: Exit codes: as Python's for a missing script; argparse's for usage errors.
-EXIT_USAGE = 2
+EXIT_USAGE = _cli.EXIT_USAGE
 
 
 class _Usage(Exception):
@@ -87,6 +92,12 @@ def _parse(argv):
   return options, None, None, []
 
 
+def _usage_error(message):
+  """One line on stderr, as every tool of the package; exit code 2."""
+  sys.stderr.write("%s: error: %s (see %s --help)\n" % (PROG, message, PROG))
+  return EXIT_USAGE
+
+
 def _program_frames(tb):
   """``tb`` without its leading frames of this runner and of runpy."""
   skip = (os.path.abspath(__file__), runpy.__file__, "<frozen runpy>")
@@ -119,10 +130,8 @@ def _run(kind, target, args):
   """Runs the program as ``__main__``; returns only if it returned."""
   if kind == "script":
     if not os.path.exists(target):
-      sys.stderr.write(
-          "%s: can't open file %r: [Errno 2] No such file or directory\n"
-          % (PROG, os.path.abspath(target)))
-      return EXIT_USAGE
+      return _usage_error("can't open file %r: [Errno 2] No such file or "
+                          "directory" % os.path.abspath(target))
     sys.argv = [target] + args
     # `python SCRIPT` puts the script's directory (links resolved) first.
     sys.path[0] = os.path.dirname(os.path.realpath(target))
@@ -137,8 +146,7 @@ def _run(kind, target, args):
   else:
     reason = "No module named %r" % target
   if found is None:
-    sys.stderr.write("%s: %s\n" % (PROG, reason))
-    return EXIT_USAGE
+    return _usage_error(reason)
   sys.argv = [target] + args  # runpy puts the module's path in argv[0].
   patch.install_when_tensorflow_is_imported()
   runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -151,13 +159,13 @@ def main(argv=None):
   try:
     options, kind, target, args = _parse(argv)
   except _Usage as e:
-    sys.stderr.write(USAGE % {"prog": PROG} + "%s: error: %s\n" % (PROG, e))
-    return EXIT_USAGE
+    return _usage_error(e)
   if "h" in options or "help" in options:
     sys.stdout.write(HELP % {"prog": PROG, "scope": patch.SCOPE})
     return 0
   if "version" in options:
-    sys.stdout.write("sync_replicas %s\n" % sync_replicas.__version__)
+    sys.stdout.write("%s (sync_replicas) %s\n"
+                     % (PROG, sync_replicas.__version__))
     return 0
   if "list" in options:
     with patch.install():
@@ -166,9 +174,7 @@ def main(argv=None):
     if kind is None:
       return 0
   if kind is None:
-    sys.stderr.write(USAGE % {"prog": PROG} +
-                     "%s: error: expected SCRIPT or -m MODULE\n" % PROG)
-    return EXIT_USAGE
+    return _usage_error("expected SCRIPT or -m MODULE")
   interrupted = _Interrupted()
   try:
     return _run(kind, target, args)
