@@ -574,10 +574,14 @@ class ConstantWorker:
 
   One variable ``w`` ([2], zeros) on ps 0, SGD at rate 1, a
   MonitoredSession per worker (task 0 is the chief) driven step by step.
-  With our class, ``pending`` counts the gradients in ``w``'s accumulator.
+  With our class, ``pending`` counts the gradients in ``w``'s accumulator;
+  ``runner_clock``, if given, becomes the chief's runner's clock before its
+  session starts (its deadline and stall timings then move only as the test
+  moves that clock).
   """
 
-  def __init__(self, cls, cluster, task, *, replicas, total, **opt_kwargs):
+  def __init__(self, cls, cluster, task, *, replicas, total, runner_clock=None,
+               **opt_kwargs):
     self.graph = tf.Graph()
     with self.graph.as_default():
       with tf.compat.v1.device("/job:ps/task:0"):
@@ -594,6 +598,8 @@ class ConstantWorker:
         self.pending = None
         if cls is OURS:
           self.pending = self.opt.accumulators[0][0].num_accumulated()
+      if runner_clock is not None:
+        self.opt.get_chief_queue_runner().clock = runner_clock
       self.session = monitored_session(
           cluster.worker_targets[task], is_chief=task == 0,
           hooks=[self.opt.make_session_run_hook(task == 0)])
