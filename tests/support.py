@@ -389,6 +389,7 @@ class TFTestWorker:
   ``v_sparse`` ([[3], [4]]) on ps 1. Worker ``i`` pushes the constant
   gradients ``0.1 + 0.2 i`` to v0, ``0.9 + 0.2 i`` to v1 and a sparse row
   ``0.1 + 0.2 i`` at index 1 to v_sparse; SGD with learning rate 2.0.
+  ``v0_pending`` counts the gradients in v0's accumulator.
   """
 
   def __init__(self, opt_cls, cluster, worker_id, *, replicas_to_aggregate,
@@ -421,6 +422,12 @@ class TFTestWorker:
             is_chief,
             num_tokens=total_num_replicas if num_tokens is None else num_tokens)
         self.local_step = local_step_variable(self.graph)
+      with tf.compat.v1.device("/job:ps/task:0"):
+        # A second handle on v0's accumulator (stock's shared name, ours
+        # too), as any task can make: how many fresh gradients it holds.
+        self.v0_pending = tf.compat.v1.ConditionalAccumulator(
+            tf.float32, shape=[], shared_name=self.v0.name + "/grad_accum",
+            name="v0_pending").num_accumulated()
       self.session = monitored_session(cluster.worker_targets[worker_id],
                                        is_chief=is_chief, hooks=[hook])
 
