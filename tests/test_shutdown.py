@@ -288,9 +288,13 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
   # closes the token queue on any stop, and the new session's init tokens
   # then fail.
   close = tf.compat.v1.Session.close
+  slowed = []
 
   def slow_close(session):
+    # The runner's closer thread, found by the name the runner gives it: a
+    # renamed thread would make the race go away unnoticed, hence ``slowed``.
     if threading.current_thread().name.startswith("SyncQueueRunnerStop"):
+      slowed.append(session)
       time.sleep(3)
     close(session)
 
@@ -302,6 +306,7 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
     return
   # Read before the run's update: the last one is 10.
   assert _train_through_one_abort(cls, timeout_ms=10_000) >= 9
+  assert slowed, "no close from the runner's closer thread was slowed"
 
 
 class _SessionsMade(tf.compat.v1.train.SessionRunHook):
