@@ -135,6 +135,17 @@ def is_machine_root():
 #: No single op in these tests may block longer than this.
 OP_TIMEOUT_MS = 30_000
 
+#: The grace period of the prompt-stop tests' closes: stock's default
+#: (MonitoredSession's stop_grace_period_secs, Supervisor's
+#: stop_grace_secs), which a close that is not prompt waits out whole.
+STOCK_GRACE_SECS = 120
+#: A close or stop that took longer than this waited for its grace period.
+#: Half the grace: a prompt close takes well under a second on a quiet
+#: machine and a few seconds on a loaded 2-core one, so the bound is far from
+#: both what a loaded machine needs and what the wait takes. (Bounds of 5 s
+#: were within reach of a loaded machine.)
+PROMPT_SECS = STOCK_GRACE_SECS / 2
+
 
 def session_config(timeout_ms=OP_TIMEOUT_MS):
   return tf.compat.v1.ConfigProto(operation_timeout_in_ms=timeout_ms)
