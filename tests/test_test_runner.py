@@ -366,3 +366,21 @@ def test_held_in_turns_stops_at_once_lets_go_between_turns_and_resumes():
   turns = sent[:-1]
   assert all(a != b for a, b in zip(turns, turns[1:])), sent
   assert sent.count(signal.SIGSTOP) >= 3, sent
+
+
+def test_a_failed_tests_tmp_path_is_kept_and_named(tmp_path, monkeypatch):
+  import conftest  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(conftest.KEEP_ENV, str(tmp_path / "kept"))
+  work = tmp_path / "work"
+  (work / "job").mkdir(parents=True)
+  (work / "job" / "worker0.log").write_text(
+      "\n".join("line %d" % i for i in range(40)))
+  text = conftest._keep(work, "tests/test_x.py::test_y[a b]")  # pylint: disable=protected-access
+  kept = tmp_path / "kept" / "tests_test_x.py_test_y_a_b_"
+  assert (kept / "job" / "worker0.log").read_text().endswith("line 39")
+  assert str(kept) in text.splitlines()[0]
+  assert "line 39" in text and "line 27" not in text  # The log's last lines.
+  assert _run_tests.kept_report(tmp_path / "kept") == [
+      "Failed tests' tmp_path (their task logs), kept under %s:"
+      % (tmp_path / "kept"), "  " + kept.name]
+  assert not _run_tests.kept_report(tmp_path / "none")

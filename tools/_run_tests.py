@@ -58,6 +58,12 @@ def hiding_env(environ):
   return env
 
 
+#: tests/conftest.py copies a failed test's tmp_path (its process clusters'
+#: task logs) under this folder, and names the copy in the failure report:
+#: pytest keeps only its last few temporary folders, and a suite makes many.
+FAILED_DIR_ENV = "SYNC_REPLICAS_FAILED_TESTS_DIR"
+FAILED_TESTS = ROOT / "runs" / "failed-tests"
+
 # The scheduler needs no TensorFlow: the ports module is loaded by its path.
 _PORTS = _by_path.ports()
 PORT_RANGE_ENV = _PORTS.PORT_RANGE_ENV
@@ -138,8 +144,10 @@ def is_quick(path):
 class Job:
   """One pytest process over one file, or over all the quick files."""
 
-  def __init__(self, name, files, pytest_args, tmp):
+  def __init__(self, name, files, pytest_args, tmp, kept=None):
     self.name = name
+    # Where a failed test's tmp_path is kept (FAILED_DIR_ENV).
+    self.kept = kept
     self.files = files
     self.xml = tmp / (name.replace("/", "_") + ".xml")
     self.log = tmp / (name.replace("/", "_") + ".log")
@@ -174,6 +182,8 @@ class Job:
   def environment(self):
     """The process's environment: ours, sklearn hidden, its ports."""
     env = hiding_env(os.environ)
+    if self.kept is not None:
+      env[FAILED_DIR_ENV] = str(self.kept)
     if self.ports is not None:
       env[PORT_RANGE_ENV] = "%d-%d" % self.ports
     return env
@@ -279,7 +289,7 @@ def pack(files, workers):
   return alone + shared
 
 
-def make_jobs(args, pytest_args, tmp):
+def make_jobs(args, pytest_args, tmp, kept=None):
   files = sorted(TESTS.glob("test_*.py"))
   if args.quick:
     files = [f for f in files if is_quick(f)]
@@ -289,7 +299,7 @@ def make_jobs(args, pytest_args, tmp):
   for group in pack(files, min(args.jobs, 2) if args.quick else args.jobs):
     name = ("tests/" + group[0].name if len(group) == 1 else
             "group %d" % (sum(len(j.files) > 1 for j in jobs) + 1))
-    jobs.append(Job(name, sorted(group), pytest_args, tmp))
+    jobs.append(Job(name, sorted(group), pytest_args, tmp, kept))
   jobs.sort(key=lambda j: -j.expected_secs)
   # Disjoint port ranges: processes running side by side never draw the
   # same port between the check that it is free and the server's bind.
@@ -352,7 +362,15 @@ def machine_busy_secs():
   return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def summary(done, not_run, wall, busy=None):
+def kept_report(kept):
+  """Lines naming the failed tests whose tmp_path was kept under ``kept``."""
+  if kept is None or not kept.is_dir():
+    return []
+  return (["Failed tests' tmp_path (their task logs), kept under %s:" % kept]
+          + ["  %s" % d.name for d in sorted(kept.iterdir())])
+
+
+def summary(done, not_run, wall, busy=None, kept=None):
   print("\n%s\ntools/test: %d pytest processes, %.0f s wall time"
         % ("=" * 78, len(done), wall))
   if busy is not None:
@@ -380,6 +398,8 @@ def summary(done, not_run, wall, busy=None):
     print("Slowest tests (setup + call + teardown):")
     for secs, name in tests[:15]:
       print("  %6.1f s  %s" % (secs, name))
+  for line in kept_report(kept):
+    print(line)
 
 
 def per_file(tests):
@@ -407,8 +427,9 @@ def main(argv):
                    for a in pytest_args)
   start = time.monotonic()
   busy_at_start = machine_busy_secs()
+  kept = FAILED_TESTS / time.strftime("%Y%m%d-%H%M%S")
   with tempfile.TemporaryDirectory(prefix="sync_replicas_tests_") as tmp:
-    jobs = make_jobs(args, pytest_args, pathlib.Path(tmp))
+    jobs = make_jobs(args, pytest_args, pathlib.Path(tmp), kept)
     if not jobs:
       print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
       return 5
@@ -417,7 +438,7 @@ def main(argv):
     summary(done, [j for j in jobs if j not in done],
             time.monotonic() - start,
             None if None in (busy_at_start, busy_at_end)
-            else busy_at_end - busy_at_start)
+            else busy_at_end - busy_at_start, kept)
   if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
     return 1
   if all(j.rc == 5 for j in done):
