@@ -1,6 +1,7 @@
 """Fixtures shared by every test module."""
 
 import datetime
+import json
 import os
 import pathlib
 import re
@@ -22,6 +23,10 @@ KEEP_ENV = "SYNC_REPLICAS_FAILED_TESTS_DIR"
 KEEP_MAX_BYTES = 20 << 20
 #: Lines of each kept log quoted in the failure report, and how many logs.
 QUOTED_LINES, QUOTED_LOGS = 12, 8
+#: tools/test sets it to a path: at the end of the session each test
+#: file's peak threads are written there as JSON (tools/_run_tests.py
+#: records them with the files' times after a green run).
+THREADS_OUT_ENV = "SYNC_REPLICAS_FILE_THREADS_OUT"
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _RUN_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(
     os.getpid())
@@ -136,3 +141,46 @@ def pytest_runtest_makereport(item, call):
   except OSError as e:
     text = "keeping tmp_path %s failed: %s" % (tmp_path, e)
   report.sections.append(("task logs", text))
+
+
+def _threads_now():
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Threads:"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return 0
+
+
+#: file name -> [threads when its first test began, peak after any test].
+_FILE_THREADS = {}
+_SESSION_THREADS = []
+
+
+def pytest_sessionstart(session):
+  del session
+  _SESSION_THREADS.append(_threads_now())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Notes the threads each file adds: its servers stay until the process
+  ends, so the files sharing a process add up (tools/_run_tests.py)."""
+  del nextitem
+  seen = _FILE_THREADS.setdefault(item.path.name, [_threads_now(), 0])
+  yield
+  seen[1] = max(seen[1], _threads_now())
+
+
+def pytest_sessionfinish(session):
+  del session
+  out = os.environ.get(THREADS_OUT_ENV)
+  if not out or not _SESSION_THREADS:
+    return
+  # As if the file ran alone: the process's own threads plus the file's.
+  base = _SESSION_THREADS[0]
+  with open(out, "w") as f:
+    json.dump({name: base + max(0, peak - start)
+               for name, (start, peak) in _FILE_THREADS.items()}, f)
