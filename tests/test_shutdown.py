@@ -87,6 +87,17 @@ def test_chief_close_is_prompt_and_workers_exit_cleanly():
     assert end - chief_end < WORKER_END_SECS
 
 
+def test_a_lone_chief_closes_promptly_where_stocks_waits():
+  # The mirror of test_stock_behaviour_waits_for_the_grace_period: after the
+  # chief's last update nothing pushes, so a runner blocked in take_grad
+  # cannot be freed by a late push, as it can with workers still training.
+  chief, _ = _run_cluster(support.OURS, workers=1, replicas=1,
+                          grace=GRACE_SECS)
+  chief_close, _ = chief.finish(timeout=GRACE_SECS + 60)
+  assert chief_close < PROMPT_SECS, (
+      "close() took %.1fs: it waited for the grace period" % chief_close)
+
+
 def test_chief_failure_in_user_code_stops_everyone_promptly():
   chief, others = _run_cluster(support.OURS, grace=GRACE_SECS,
                                last_step=10_000,
