@@ -440,3 +440,14 @@ def test_only_a_green_run_of_whole_files_is_recorded(tmp_path, args, rc):
                       rc=rc, peak=900, threads={"test_a.py": 850})
   assert _run_tests.record_measured([job], args, path=record) == 0
   assert not record.exists()
+
+
+def test_every_knockout_patch_still_applies(capsys):
+  # tools/knockout removes one feature at a time by a text replacement; a
+  # change that moves that text would leave its row failing as an error
+  # (the full run is too long for the suite: docs/testing.md).
+  knockout = support.load_tool("knockout")
+  assert knockout.main(["--check"]) == 0, capsys.readouterr().err
+  named = {t.split("::")[0] for row in knockout.TABLE for t in row.tests}
+  assert not [n for n in named if not (support.TOOLS.parent / "tests" / n)
+              .exists()], named
