@@ -139,12 +139,24 @@ OP_TIMEOUT_MS = 30_000
 #: (MonitoredSession's stop_grace_period_secs, Supervisor's
 #: stop_grace_secs), which a close that is not prompt waits out whole.
 STOCK_GRACE_SECS = 120
-#: A close or stop that took longer than this waited for its grace period.
-#: Half the grace: a prompt close takes well under a second on a quiet
-#: machine and a few seconds on a loaded 2-core one, so the bound is far from
-#: both what a loaded machine needs and what the wait takes. (Bounds of 5 s
-#: were within reach of a loaded machine.)
-PROMPT_SECS = STOCK_GRACE_SECS / 2
+
+
+def prompt_secs(op_timeout_ms=OP_TIMEOUT_MS):
+  """A close or stop that took longer than this was not prompt.
+
+  A close that is not prompt waits until the grace period ends or, sooner,
+  until the op timeout ends the take its runner is blocked in (a lone
+  chief's knocked-out prompt stop closed in 30 s, not 120). Half the shorter
+  of the two: a prompt close takes well under a second on a quiet machine
+  and a few seconds on a loaded 2-core one, so the bound is far from both
+  what a loaded machine needs and what a wait takes. (Bounds of 5 s were
+  within reach of a loaded machine.)
+  """
+  return min(STOCK_GRACE_SECS, op_timeout_ms / 1000) / 2
+
+
+#: ``prompt_secs()`` for sessions with OP_TIMEOUT_MS: 15 s.
+PROMPT_SECS = prompt_secs()
 
 
 def session_config(timeout_ms=OP_TIMEOUT_MS):

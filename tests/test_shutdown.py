@@ -20,7 +20,8 @@ from sync_replicas import _runner
 from sync_replicas import errors
 
 #: A close that takes longer than this has waited for the grace period
-#: (support.STOCK_GRACE_SECS, given to every close that must be prompt).
+#: (support.STOCK_GRACE_SECS, given to every close that must be prompt) or
+#: for the op timeout to end a blocked take.
 PROMPT_SECS = support.PROMPT_SECS
 GRACE_SECS = support.STOCK_GRACE_SECS
 #: A worker still running this long after the chief's end was not ended by
@@ -81,7 +82,8 @@ def test_chief_close_is_prompt_and_workers_exit_cleanly():
   chief, others = _run_cluster(support.OURS, grace=GRACE_SECS)
   chief_close, chief_end = chief.finish(timeout=60)
   assert chief_close < PROMPT_SECS, (
-      "close() took %.1fs: it waited for the grace period" % chief_close)
+      "close() took %.1fs: it waited for the grace period or an op "
+      "timeout" % chief_close)
   for t in others:
     _, end = t.finish(timeout=30)  # Re-raises any exception in user code.
     assert end - chief_end < WORKER_END_SECS
@@ -95,7 +97,8 @@ def test_a_lone_chief_closes_promptly_where_stocks_waits():
                           grace=GRACE_SECS)
   chief_close, _ = chief.finish(timeout=GRACE_SECS + 60)
   assert chief_close < PROMPT_SECS, (
-      "close() took %.1fs: it waited for the grace period" % chief_close)
+      "close() took %.1fs: it waited for the grace period or an op "
+      "timeout" % chief_close)
 
 
 def test_chief_failure_in_user_code_stops_everyone_promptly():

@@ -46,7 +46,7 @@ LR = 0.5
 #: train() stops once the global step reaches this.
 NUMBER_OF_STEPS = 4
 #: Ours' chief must return from train() within this after its last step.
-PROMPT_SECS = support.PROMPT_SECS  # tf-slim's stop waits 120 s otherwise.
+PROMPT_SECS = support.PROMPT_SECS  # tf-slim waits 120 s or an op timeout.
 #: Stock's chief is checked to be still inside train() this long after it.
 BLOCKED_SECS = 3.0
 #: Bounds a round: both workers meet at the barrier before every step.
