@@ -349,7 +349,7 @@ class _GatedAverage(tf.train.ExponentialMovingAverage):
 
 
 def _averages_queues():
-  """(reached, gate) on ps 0, shared by name with every graph that makes them."""
+  """(reached, gate) on ps 0, shared by name with every graph making them."""
   with tf.compat.v1.device("/job:ps/task:0"):
     return tuple(tf.queue.FIFOQueue(-1, tf.int32, shapes=[()],
                                     shared_name="test_averages_" + name,

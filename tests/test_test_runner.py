@@ -378,7 +378,8 @@ def test_a_failed_tests_tmp_path_is_kept_and_named(tmp_path, monkeypatch):
   (work / "job").mkdir(parents=True)
   (work / "job" / "worker0.log").write_text(
       "\n".join("line %d" % i for i in range(40)))
-  text = conftest._keep(work, "tests/test_x.py::test_y[a b]")  # pylint: disable=protected-access
+  keep = conftest._keep  # pylint: disable=protected-access
+  text = keep(work, "tests/test_x.py::test_y[a b]")
   kept = tmp_path / "kept" / "tests_test_x.py_test_y_a_b_"
   assert (kept / "job" / "worker0.log").read_text().endswith("line 39")
   assert str(kept) in text.splitlines()[0]
