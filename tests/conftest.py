@@ -1,6 +1,11 @@
 """Fixtures shared by every test module."""
 
+import datetime
+import json
 import os
+import pathlib
+import re
+import shutil
 
 # Quiet TensorFlow's C++ start-up chatter; tests read Python-side logs only.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -10,6 +15,21 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 import support  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
+
+#: Where a failed test's tmp_path is copied, one folder per test: set by
+#: tools/test to one folder per suite run; else ROOT/runs/failed-tests/<now>.
+KEEP_ENV = "SYNC_REPLICAS_FAILED_TESTS_DIR"
+#: Files larger than this are not copied (checkpoints of a big model).
+KEEP_MAX_BYTES = 20 << 20
+#: Lines of each kept log quoted in the failure report, and how many logs.
+QUOTED_LINES, QUOTED_LOGS = 12, 8
+#: tools/test sets it to a path: at the end of the session each test
+#: file's peak threads are written there as JSON (tools/_run_tests.py
+#: records them with the files' times after a green run).
+THREADS_OUT_ENV = "SYNC_REPLICAS_FILE_THREADS_OUT"
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+_RUN_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(
+    os.getpid())
 
 
 def pytest_configure(config):
@@ -67,3 +87,105 @@ def half_way(tmp_path):
   finally:
     for s in reversed(sessions):
       s.close()
+
+
+def _kept_dir(nodeid):
+  base = os.environ.get(KEEP_ENV) or str(
+      _ROOT / "runs" / "failed-tests" / _RUN_STAMP)
+  name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", nodeid)[:150]
+  return pathlib.Path(base) / name
+
+
+def _keep(tmp_path, nodeid):
+  """Copies ``tmp_path`` (task logs, checkpoints) out of pytest's reach.
+
+  pytest keeps only the last few base temporary directories, and tools/test
+  runs many pytest processes, so a failed test's tmp_path was often gone by
+  the end of the suite. Returns the report section's text.
+  """
+  dest = _kept_dir(nodeid)
+  skipped = []
+
+  def too_big(folder, names):
+    big = [n for n in names if os.path.isfile(os.path.join(folder, n))
+           and os.path.getsize(os.path.join(folder, n)) > KEEP_MAX_BYTES]
+    skipped.extend(os.path.join(folder, n) for n in big)
+    return big
+
+  if dest.exists():
+    shutil.rmtree(dest)
+  shutil.copytree(tmp_path, dest, ignore=too_big, symlinks=True)
+  lines = ["tmp_path (the task logs of its process clusters) kept in %s"
+           % dest]
+  lines += ["not copied (over %d MB): %s" % (KEEP_MAX_BYTES >> 20, path)
+            for path in skipped]
+  logs = sorted(p for p in dest.rglob("*") if p.is_file() and p.suffix in (
+      ".log", ".out", ".err", ".jsonl"))
+  for log in logs[:QUOTED_LOGS]:
+    tail = log.read_text(errors="replace").splitlines()[-QUOTED_LINES:]
+    lines.append("--- %s, last %d lines:" % (log.relative_to(dest),
+                                               len(tail)))
+    lines.extend(tail)
+  if len(logs) > QUOTED_LOGS:
+    lines.append("(%d more logs there)" % (len(logs) - QUOTED_LOGS))
+  return "\n".join(lines)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """On a failure, keeps the test's tmp_path and says where in the report."""
+  del call
+  outcome = yield
+  report = outcome.get_result()
+  tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+  if (not report.failed or report.when == "teardown" or tmp_path is None
+      or not tmp_path.is_dir() or not any(tmp_path.iterdir())):
+    return
+  try:
+    text = _keep(tmp_path, item.nodeid)
+  except OSError as e:
+    text = "keeping tmp_path %s failed: %s" % (tmp_path, e)
+  report.sections.append(("task logs", text))
+
+
+def _threads_now():
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Threads:"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return 0
+
+
+#: file name -> [threads when its first test began, peak after any test].
+_FILE_THREADS = {}
+_SESSION_THREADS = []
+
+
+def pytest_sessionstart(session):
+  del session
+  _SESSION_THREADS.append(_threads_now())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Notes the threads each file adds: its servers stay until the process
+  ends, so the files sharing a process add up (tools/_run_tests.py)."""
+  del nextitem
+  seen = _FILE_THREADS.setdefault(item.path.name, [_threads_now(), 0])
+  yield
+  seen[1] = max(seen[1], _threads_now())
+
+
+def pytest_sessionfinish(session):
+  del session
+  out = os.environ.get(THREADS_OUT_ENV)
+  if not out or not _SESSION_THREADS:
+    return
+  # As if the file ran alone: the process's own threads plus the file's.
+  base = _SESSION_THREADS[0]
+  with open(out, "w") as f:
+    json.dump({name: base + max(0, peak - start)
+               for name, (start, peak) in _FILE_THREADS.items()}, f)

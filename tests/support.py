@@ -135,6 +135,29 @@ def is_machine_root():
 #: No single op in these tests may block longer than this.
 OP_TIMEOUT_MS = 30_000
 
+#: The grace period of the prompt-stop tests' closes: stock's default
+#: (MonitoredSession's stop_grace_period_secs, Supervisor's
+#: stop_grace_secs), which a close that is not prompt waits out whole.
+STOCK_GRACE_SECS = 120
+
+
+def prompt_secs(op_timeout_ms=OP_TIMEOUT_MS):
+  """A close or stop that took longer than this was not prompt.
+
+  A close that is not prompt waits until the grace period ends or, sooner,
+  until the op timeout ends the take its runner is blocked in (a lone
+  chief's knocked-out prompt stop closed in 30 s, not 120). Half the shorter
+  of the two: a prompt close takes well under a second on a quiet machine
+  and a few seconds on a loaded 2-core one, so the bound is far from both
+  what a loaded machine needs and what a wait takes. (Bounds of 5 s were
+  within reach of a loaded machine.)
+  """
+  return min(STOCK_GRACE_SECS, op_timeout_ms / 1000) / 2
+
+
+#: ``prompt_secs()`` for sessions with OP_TIMEOUT_MS: 15 s.
+PROMPT_SECS = prompt_secs()
+
 
 def session_config(timeout_ms=OP_TIMEOUT_MS):
   return tf.compat.v1.ConfigProto(operation_timeout_in_ms=timeout_ms)
@@ -389,6 +412,7 @@ class TFTestWorker:
   ``v_sparse`` ([[3], [4]]) on ps 1. Worker ``i`` pushes the constant
   gradients ``0.1 + 0.2 i`` to v0, ``0.9 + 0.2 i`` to v1 and a sparse row
   ``0.1 + 0.2 i`` at index 1 to v_sparse; SGD with learning rate 2.0.
+  ``v0_pending`` counts the gradients in v0's accumulator.
   """
 
   def __init__(self, opt_cls, cluster, worker_id, *, replicas_to_aggregate,
@@ -421,6 +445,12 @@ class TFTestWorker:
             is_chief,
             num_tokens=total_num_replicas if num_tokens is None else num_tokens)
         self.local_step = local_step_variable(self.graph)
+      with tf.compat.v1.device("/job:ps/task:0"):
+        # A second handle on v0's accumulator (stock's shared name, ours
+        # too), as any task can make: how many fresh gradients it holds.
+        self.v0_pending = tf.compat.v1.ConditionalAccumulator(
+            tf.float32, shape=[], shared_name=self.v0.name + "/grad_accum",
+            name="v0_pending").num_accumulated()
       self.session = monitored_session(cluster.worker_targets[worker_id],
                                        is_chief=is_chief, hooks=[hook])
 
@@ -574,10 +604,14 @@ class ConstantWorker:
 
   One variable ``w`` ([2], zeros) on ps 0, SGD at rate 1, a
   MonitoredSession per worker (task 0 is the chief) driven step by step.
-  With our class, ``pending`` counts the gradients in ``w``'s accumulator.
+  With our class, ``pending`` counts the gradients in ``w``'s accumulator;
+  ``runner_clock``, if given, becomes the chief's runner's clock before its
+  session starts (its deadline and stall timings then move only as the test
+  moves that clock).
   """
 
-  def __init__(self, cls, cluster, task, *, replicas, total, **opt_kwargs):
+  def __init__(self, cls, cluster, task, *, replicas, total, runner_clock=None,
+               **opt_kwargs):
     self.graph = tf.Graph()
     with self.graph.as_default():
       with tf.compat.v1.device("/job:ps/task:0"):
@@ -594,6 +628,8 @@ class ConstantWorker:
         self.pending = None
         if cls is OURS:
           self.pending = self.opt.accumulators[0][0].num_accumulated()
+      if runner_clock is not None:
+        self.opt.get_chief_queue_runner().clock = runner_clock
       self.session = monitored_session(
           cluster.worker_targets[task], is_chief=task == 0,
           hooks=[self.opt.make_session_run_hook(task == 0)])

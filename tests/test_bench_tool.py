@@ -26,7 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_bench_writes_runs_summary_table_and_plot(tmp_path):
   out = tmp_path / "bench"
-  grace = 1.0
+  # Long enough that ours' prompt close, on a loaded machine too, stays far
+  # below the wait stock's close makes (measured in this same run).
+  grace = 3.0
   proc = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios",
        "small", "--workers", "1", "--reps", "1", "--secs", "0.5",
@@ -45,9 +47,12 @@ def test_bench_writes_runs_summary_table_and_plot(tmp_path):
     assert metrics["ps_peak_rss_mb"] > 0, run
   by_impl = {r["impl"]: r["metrics"] for r in runs}
   # Stock's chief close waits out the grace period (its runner is stuck in
-  # take_grad); ours closes at once.
+  # take_grad); ours closes at once: in under half the time stock's took
+  # in this run, which a loaded machine's prompt close (tenths of a second)
+  # is far from.
   assert by_impl["stock"]["chief_close_s"] >= 0.9 * grace, by_impl["stock"]
-  assert by_impl["ours"]["chief_close_s"] < 0.5 * grace, by_impl["ours"]
+  assert (by_impl["ours"]["chief_close_s"]
+          < 0.5 * by_impl["stock"]["chief_close_s"]), by_impl
 
   (summary,) = [json.loads(line) for line in
                 (out / "summary.jsonl").read_text().splitlines()]

@@ -7,13 +7,13 @@ logged and counted in the statistics.
 """
 
 import logging
+import threading
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import sync_replicas
 import support
 
 pytestmark = pytest.mark.quick  # In ./tools/test --quick.
@@ -21,53 +21,156 @@ pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 RUNNER_LOGGER = "sync_replicas._runner"
 
 
-def test_no_update_below_the_minimum_then_a_short_one_after_the_deadline(
-    caplog):
+class _TestClock:
+  """The chief runner's clock, moved only by the test; counts its reads.
+
+  The deadline loop reads the clock once per poll (and once more after an
+  update), so ``wait_for_polls`` tells when the loop has looked at the
+  accumulators after a push and made its decision: no sleep stands in for
+  "the loop had its chance", and no machine is too slow or too fast for the
+  deadline.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._now = 0.0
+    self._reads = 0
+
+  def __call__(self):
+    with self._lock:
+      self._reads += 1
+      return self._now
+
+  def advance(self, secs):
+    with self._lock:
+      self._now += secs
+
+  def wait_for_polls(self, what):
+    """Returns once the loop has polled and acted on what it saw since the
+    call: its third read from now follows a whole poll that began after this
+    call (the first may belong to a poll already under way) and the update
+    that poll decided, if any."""
+    with self._lock:
+      start = self._reads
+    support.wait_until(lambda: self._reads >= start + 3, timeout=20,
+                       what="the deadline loop's polls after " + what)
+
+
+DEADLINE_SECS = 5.0
+SHARED = support.SharedCluster(num_workers=3, num_ps=1)
+
+
+def _constant_workers(clock):
+  cluster = SHARED.acquire()
+  try:
+    return [support.ConstantWorker(
+        support.OURS, cluster, t, replicas=3, total=3,
+        min_replicas_to_aggregate=2, aggregation_deadline_secs=DEADLINE_SECS,
+        stall_log_secs=None, runner_clock=clock if t == 0 else None)
+            for t in range(3)]
+  except BaseException:
+    SHARED.discard()
+    raise
+
+
+def _short_updates(caplog):
+  return [r.getMessage() for r in caplog.records
+          if "with 2 of replicas_to_aggregate=3" in r.getMessage()]
+
+
+def test_a_push_before_the_deadline_makes_no_update(caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
-  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
-  workers = [support.ConstantWorker(
-      support.OURS, cluster, t, replicas=3, total=3,
-      min_replicas_to_aggregate=2, aggregation_deadline_secs=0.2)
-             for t in range(3)]
+  clock = _TestClock()
+  workers = _constant_workers(clock)
   chief, other, _ = workers
   try:
     chief.session.run(chief.train_op)  # 1 of 3; an initial token lets it go.
-    # Three deadlines pass with one gradient: below the minimum of 2.
-    time.sleep(0.6)
-    assert chief.session.run(chief.step) == 0
-    other.session.run(other.train_op)
+    other.session.run(other.train_op)  # 2 of 3: the minimum, in time.
+    clock.wait_for_polls("the second push")
+    assert chief.session.run([chief.step, chief.pending]) == [0, 2], (
+        "an update went ahead with the minimum before the deadline")
+    clock.advance(DEADLINE_SECS * 0.99)
+    clock.wait_for_polls("the clock moved to just before the deadline")
+    assert chief.session.run([chief.step, chief.pending]) == [0, 2], (
+        "an update went ahead before the deadline")
+    clock.advance(DEADLINE_SECS * 0.02)
     support.wait_until(lambda: chief.session.run(chief.step) == 1, timeout=20,
-                       what="the short update")
+                       what="the short update, once past the deadline")
     # The mean of the two that arrived: ([1, 10] + [2, 20]) / 2.
     np.testing.assert_allclose(chief.session.run(chief.var), [-1.5, -15.0])
+  except BaseException:
+    SHARED.discard()
+    raise
   finally:
     support.close_all(workers)
-  short = [r.getMessage() for r in caplog.records
-           if "with 2 of replicas_to_aggregate=3" in r.getMessage()]
+  short = _short_updates(caplog)
   assert len(short) == 1, [r.getMessage() for r in caplog.records]
   assert "update to step 1" in short[0]
+
+
+def test_no_update_below_the_minimum_however_late(caplog):
+  caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
+  clock = _TestClock()
+  workers = _constant_workers(clock)
+  chief, other, _ = workers
+  try:
+    chief.session.run(chief.train_op)  # 1 of 3, below the minimum of 2.
+    clock.advance(DEADLINE_SECS * 3)
+    clock.wait_for_polls("three deadlines passed with one gradient")
+    assert chief.session.run([chief.step, chief.pending]) == [0, 1]
+    other.session.run(other.train_op)  # The minimum, long after the deadline.
+    support.wait_until(lambda: chief.session.run(chief.step) == 1, timeout=20,
+                       what="the short update")
+    np.testing.assert_allclose(chief.session.run(chief.var), [-1.5, -15.0])
+  except BaseException:
+    SHARED.discard()
+    raise
+  finally:
+    support.close_all(workers)
+  short = _short_updates(caplog)
+  assert len(short) == 1 and "update to step 1" in short[0], short
 
 
 WORKERS, LAST_STEP, STOP_AT = 3, 16, 5
 
 
-def _traced_worker(cluster, task, ready):
-  """Worker 2 stops for good at local step STOP_AT; the others train on."""
+def _traced_worker(cluster, task, ready, stopped_at):
+  """Worker 2 stops for good at local step STOP_AT; the others train on.
+
+  The chief's runner clock stands still until worker 2 stops, so no update
+  before that can go ahead on the deadline (all three push, at their own
+  pace); from then on it is the real clock.
+  """
   worker = support.TraceWorker(
       cluster, task, workers=WORKERS, rows=LAST_STEP + 2, replicas=WORKERS,
       one_gradient_per_worker=True, worker_index=task,
       min_replicas_to_aggregate=2, aggregation_deadline_secs=0.25,
       statistics=True, statistics_log_steps=None)
   assert "chief/deadline_updates" in worker.opt.statistics_tensors
-  worker.train(ready, last_step=LAST_STEP,
-               before_push=lambda local: task != 2 or local < STOP_AT)
+  if task == 0:
+    worker.opt.get_chief_queue_runner().clock = lambda: (
+        0.0 if not stopped_at else time.monotonic() - stopped_at[0])
+
+  def before_push(local):
+    if task == 2 and local >= STOP_AT:
+      stopped_at.append(time.monotonic())
+      return False
+    return True
+
+  worker.train(ready, last_step=LAST_STEP, before_push=before_push)
 
 
 @pytest.mark.timeout(200)
 def test_training_goes_on_when_a_worker_stops_mid_run(caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
-  cluster = sync_replicas.LocalCluster(num_workers=WORKERS, num_ps=1)
-  support.run_chief_first(_traced_worker, cluster, WORKERS, timeout=150)
+  cluster = SHARED.acquire()
+  stopped_at = []
+  try:
+    support.run_chief_first(_traced_worker, cluster, WORKERS, stopped_at,
+                            timeout=150)
+  except BaseException:
+    SHARED.discard()
+    raise
 
   def counters(graph):
     # The cluster counters are resource variables on the ps under the
@@ -92,20 +195,14 @@ def test_training_goes_on_when_a_worker_stops_mid_run(caplog):
     # Only fresh gradients of distinct workers, each weighted R / k.
     np.testing.assert_allclose(cells, WORKERS / len(cells),
                                err_msg="step %d: %s" % (s, trace[s]))
-  # While all three ran an update could still be short (a worker slower
-  # than the deadline, e.g. at start-up); from worker 2's stop on, every
-  # update averages the two others.
-  assert all(c >= 2 for c in counts[:STOP_AT]), counts
+  # Until worker 2 stopped the deadline could not pass: every update waited
+  # for all three. From its stop on, every update averages the two others.
+  assert counts[:STOP_AT] == [3] * STOP_AT, counts
   assert all(c == 2 for c in counts[STOP_AT:]), counts
-  assert np.count_nonzero(trace[:STOP_AT, 2]) >= 1, "worker 2 never counted"
   assert trace[STOP_AT:, 2].sum() == 0
-  short = sum(c == 2 for c in counts)
-  logged = [r for r in caplog.records
-            if "with 2 of replicas_to_aggregate=3" in r.getMessage()]
-  # Every short update was released by the deadline; a released one may
-  # still average 3 when the third arrived between the chief's count and
-  # its takes.
-  assert short <= deadline_updates == len(logged) <= short + counts.count(3), (
+  # Each of those was released by the deadline, counted and logged once.
+  logged = _short_updates(caplog)
+  assert deadline_updates == len(logged) == step - STOP_AT, (
       deadline_updates, len(logged), counts)
 
 

@@ -261,11 +261,13 @@ STOCK_CLOSE_RAISES = {
     "plain_session_without_init_ops"}
 
 
-def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
+def _train(opt_cls, mode, step_dtype, opt_kwargs=None, statistics=None):
   """Runs ROUNDS rounds in ``mode``; returns (steps, local steps, w, close error).
 
   The close error is what closing the chief raised (stock's runner thread
-  outlives the grace period in several modes), or None.
+  outlives the grace period in several modes), or None. A ``statistics``
+  list gets each worker's statistics (``opt.statistics_tensors``), read on
+  its own session once the chief counted the last update.
   """
   # Reset also ends a stock runner thread still blocked from the last run.
   cluster = SHARED.acquire()
@@ -290,6 +292,14 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None):
     local_steps = [int(s.sess.run(w.local_step))
                    for w, s in zip(workers, sessions)]
     values = chief.run(workers[0].w)
+    if statistics is not None:
+      # The update is counted after its tokens went out (the sync op, then
+      # the count), so the last count may land after the runs returned.
+      updates = workers[0].opt.statistics_tensors["chief/updates_applied"]
+      support.wait_until(lambda: chief.run(updates) == STEPS_AFTER_ROUND[-1],
+                         timeout=30, what="the last update counted")
+      statistics.extend(s.sess.run(w.opt.statistics_tensors)
+                        for w, s in zip(workers, sessions))
     if opt_cls is support.STOCK and sessions[0].threads:
       # Stock's close fails only if its runner is blocked in a take; it may
       # still be between two runs, and then it ends at the stop request.
@@ -428,13 +438,33 @@ def test_a_push_before_the_chiefs_init_counts_as_with_stock(step_dtype):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_statistics_work_in_every_drive_mode(mode):
   """Opt-in statistics rely on no init op of ours: any mode trains with them
-  to the numbers of the default build."""
+  to the numbers of the default build, and counts exactly.
+
+  Both workers push every round: 6 pushes and 6 tokens each; round 2's
+  pushes carry local step 0 after update 1 and are dropped (1 step stale);
+  5 updates of 2 gradients.
+  """
   plain = _train(support.OURS, mode, tf.int64)
+  statistics = []
   counted = _train(support.OURS, mode, tf.int64,
-                   opt_kwargs=dict(statistics=True))
+                   opt_kwargs=dict(statistics=True, statistics_log_steps=None),
+                   statistics=statistics)
   assert counted[0] == plain[0] == STEPS_AFTER_ROUND
   np.testing.assert_array_equal(counted[2], plain[2])
   assert counted[3] is None, counted[3]
+  for task, values in enumerate(statistics):
+    worker = {k.split("/", 1)[1]: values[k] for k in values
+              if k.startswith("worker/")}
+    assert (worker["gradients_pushed"], worker["gradients_dropped_stale"],
+            worker["tokens_taken"], worker["staleness_max"]) == (
+                ROUNDS, 1, ROUNDS, 1), (task, worker)
+  chief = statistics[0]
+  assert (chief["cluster/gradients_pushed"],
+          chief["cluster/gradients_dropped_stale"],
+          chief["cluster/tokens_taken"], chief["cluster/staleness_sum"],
+          chief["chief/updates_applied"]) == (
+              2 * ROUNDS, 2, 2 * ROUNDS, 2, STEPS_AFTER_ROUND[-1]), chief
+  assert chief["chief/gradients_per_update"] == 2.0, chief
 
 
 # ------------------------------------------- what prompt stop relies on: coord

@@ -34,7 +34,7 @@ import support
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: train() returning later than this after its last step waited for a grace
 #: period; stock waits 120 s.
-PROMPT_SECS = 15.0
+PROMPT_SECS = support.PROMPT_SECS
 STEPS = 20
 
 

@@ -14,7 +14,7 @@ import pathlib
 import re
 import subprocess
 import sys
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -261,7 +261,7 @@ def test_bad_cluster_settings_say_how_to_fix_them(argv, environ, message):
 
 
 @pytest.mark.timeout(400)
-def test_wait_for_chief_survives_a_ps_restart(tmp_path):
+def test_wait_for_chief_survives_a_ps_restart(tmp_path, monkeypatch):
   """Found by tools/soak (issue 20): a worker started while a ps restarted
   died with AbortedError ("Session handle is not found") in this wait."""
   ports = cluster_lib.free_ports(2)
@@ -287,18 +287,31 @@ def test_wait_for_chief_survives_a_ps_restart(tmp_path):
       uninitialized = tf.compat.v1.report_uninitialized_variables()
       config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=5_000)
 
+      polled = threading.Event()
+      session_run = tf.compat.v1.Session.run
+
+      def noting_run(session, fetches, *args, **kwargs):
+        result = session_run(session, fetches, *args, **kwargs)
+        if (fetches is uninitialized
+            and threading.current_thread().name == "wait_for_chief"):
+          polled.set()
+        return result
+
+      monkeypatch.setattr(tf.compat.v1.Session, "run", noting_run)
+
       def wait():
         with graph.as_default():  # A thread starts with the global graph.
           _task.wait_for_chief(server.target, uninitialized, config,
                                timeout=300.0)
 
       waiter = support.BoundedThread(wait, name="wait_for_chief")
-      # The waiter's session must exist on the ps before it restarts.
+      # The waiter's session must exist on the ps before it restarts: one
+      # poll of it answered by the first ps.
       support.wait_until(
           lambda: _ran(server.target, uninitialized, config), timeout=150,
           what="the ps serving", interval=0.2)
       waiter.start()
-      time.sleep(2.0)
+      assert polled.wait(60), "the waiter's first poll did not return"
       support.kill_group(ps)
       ps = start_ps()
       support.wait_until(

@@ -246,14 +246,23 @@ def test_combines_sparse_rows_by_index():
 
 
 def gated_model(worker_id):
-  """v0 only; worker 2's gradient waits for the test to release it."""
+  """v0 only; worker 2's gradient waits for the test to release it.
+
+  Before it waits, worker 2's step enqueues into a queue on ps 0 whose size
+  (the tensor "started:0") tells the test that the step has begun.
+  """
   with tf.compat.v1.device("/job:ps/task:0"):
     v0 = tf.compat.v1.Variable(0.0, name="v0")
   if worker_id != 2:
     return [v0], [tf.constant(0.1 + worker_id * 0.2)]
   gate = tf.queue.FIFOQueue(1, tf.float32, shapes=(), shared_name="gate")
   gate.enqueue(0.5, name="release")
-  return [v0], [gate.dequeue()]
+  with tf.compat.v1.device("/job:ps/task:0"):
+    started = tf.queue.FIFOQueue(1, tf.int32, shapes=(),
+                                 shared_name="gate_started")
+    started.size(name="started")
+  with tf.control_dependencies([started.enqueue(1)]):
+    return [v0], [gate.dequeue()]
 
 
 def test_known_race_counts_a_late_gradient_in_the_next_update():
@@ -262,11 +271,16 @@ def test_known_race_counts_a_late_gradient_in_the_next_update():
   release = w2.graph.get_operation_by_name("release")
   try:
     # Worker 2 passes the staleness check at step 0, then waits for its
-    # gradient. The check's reads have no inputs and run as the step starts;
-    # nothing shows when that happened, hence one short sleep, not a poll.
+    # gradient. The check's reads have no inputs: they run as the step
+    # begins, on ps 0, as does the enqueue that says it began. Once that is
+    # seen, the update below is several session runs away, and the check
+    # read step 0 long before (if it ever read step 1, worker 2's gradient
+    # would be dropped: the queue sizes below would say so).
     late = support.BoundedThread(w2.step, name="worker2")
     late.start()
-    time.sleep(0.3)
+    started = w2.graph.get_tensor_by_name("started:0")
+    support.wait_until(lambda: w2.session.run(started) == 1, timeout=20,
+                       what="worker 2's step to begin")
     w0.step()
     w1.step()
     w0.update()
@@ -362,10 +376,12 @@ def supervised_worker(kind, cluster, worker_id, logdir):
       chief_queue_runner = opt.get_chief_queue_runner()
       init_tokens_op = opt.get_init_tokens_op()
       init_op = tf.compat.v1.global_variables_initializer()
-    # Short waits; no checkpoint or summary threads to outlive the test.
+    # Short waits, but stock's grace (the test checks that no stop waits
+    # it); no checkpoint or summary threads to outlive the test.
     sv = tf.compat.v1.train.Supervisor(
         graph=graph, is_chief=is_chief, logdir=logdir, init_op=init_op,
-        recovery_wait_secs=0.2, stop_grace_secs=5, save_model_secs=0,
+        recovery_wait_secs=0.2, stop_grace_secs=support.STOCK_GRACE_SECS,
+        save_model_secs=0,
         save_summaries_secs=0, summary_op=None, **kwargs)
     sess = sv.prepare_or_wait_for_session(
         cluster.worker_targets[worker_id],
@@ -421,7 +437,8 @@ def test_supervisor_flow(kind, tmp_path):
       assert_close(v_sparse, [[3.0], [4.0 - 3 * scale * 2.0 * (0.1 + 0.3)]])
     started = time.monotonic()
     shut_down(replicas)
-    assert time.monotonic() - started < 5, "a Supervisor waited its grace"
+    assert time.monotonic() - started < support.prompt_secs(TIMEOUT_MS), (
+        "a Supervisor waited its grace")
     replicas = []
   finally:
     shut_down(replicas)

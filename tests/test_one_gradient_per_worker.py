@@ -104,13 +104,13 @@ def test_a_fast_worker_never_contributes_twice_under_load():
     assert len(cells) >= REPLICAS, (s, trace[s])
     np.testing.assert_allclose(cells, REPLICAS / len(cells),
                                err_msg="step %d: %s" % (s, trace[s]))
-  # Every contribution of worker 0 came from a push of its own (the trace
-  # holds nothing a worker did not push). That it never fills a step twice
-  # is the per-step check above; issue 17 dropped an assertion here
-  # (contributed <= LAST_STEP) that counted at most LAST_STEP rows and so
-  # could not fail.
-  contributed = int(np.count_nonzero(trace[:LAST_STEP, 0]))
-  assert results[0] >= contributed
+  # The fast worker waited for an update between its pushes: one token per
+  # update reached it, so it pushed at most once per update (its first push
+  # needs none). Stock's shared queue lets it take the slow workers' tokens
+  # and push about twice per update. (Issue 29 replaced an assertion here,
+  # results[0] >= the steps worker 0 contributed to, that the trace implies:
+  # it holds nothing a worker did not push.)
+  assert results[0] <= step + 1, (results, step)
 
 
 @pytest.mark.parametrize("kwargs, words", [

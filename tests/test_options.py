@@ -1,6 +1,10 @@
 """The options as one frozen, checked value: ``optimizer.options`` (issue 17)."""
 
+import ast
 import dataclasses
+import inspect
+import pathlib
+import re
 
 import pytest
 import tensorflow as tf
@@ -33,11 +37,51 @@ def test_options_echo_the_constructor_and_derive_once(graph):
     o.statistics = False  # type: ignore[misc]
 
 
-def test_default_options_are_stock_but_for_the_documented_three():
-  o = _options.make(2, 2, **{f.name: f.default
-                             for f in dataclasses.fields(_options.Options)
-                             if f.name in _options.EXTRAS})
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "options.md"
+
+
+def _documented_defaults():
+  """option -> default, from the table at the top of docs/options.md."""
+  documented = {}
+  lines = DOCS.read_text().splitlines()
+  start = lines.index("| option | default | what it changes | where |")
+  for line in lines[start + 2:]:
+    if not line.startswith("|"):
+      break
+    names, defaults = [re.findall(r"`([^`]+)`", cell)
+                       for cell in line.split("|")[1:3]]
+    assert len(names) == len(defaults), line
+    documented.update(zip(names, map(ast.literal_eval, defaults)))
+  return documented
+
+
+def test_the_constructors_defaults_are_the_documented_ones(graph):
+  del graph
+  documented = _documented_defaults()
+  params = inspect.signature(support.OURS.__init__).parameters.values()
+  keyword_only = {p.name: p.default for p in params
+                  if p.kind is inspect.Parameter.KEYWORD_ONLY}
+  # Every option is in the table, with the constructor's default.
+  assert keyword_only == documented
+  # The options an optimizer built without any gets are those defaults.
+  o = support.OURS(support.sgd(), replicas_to_aggregate=2).options
+  assert {k: getattr(o, k) for k in documented} == documented
+  # Stock's own arguments keep stock's names, order and defaults.
+  stock = inspect.signature(support.STOCK.__init__).parameters.values()
+  assert [(p.name, p.default) for p in params
+          if p.kind is not inspect.Parameter.KEYWORD_ONLY] == [
+              (p.name, p.default) for p in stock]
+
+
+def test_default_options_are_stock_but_for_the_documented_three(graph):
+  del graph
+  o = support.OURS(support.sgd(), replicas_to_aggregate=2).options
   assert o == _options.Options(2, 2)
   assert not o.has_deadline and o.tokens_per_step == 2
-  assert (o.prompt_stop, o.stall_log_secs, o.pack_gradient_transfers) == (
-      True, 60.0, True)
+  different = {k: getattr(o, k) for k in ("prompt_stop", "stall_log_secs",
+                                           "pack_gradient_transfers")}
+  assert different == dict(prompt_stop=True, stall_log_secs=60.0,
+                           pack_gradient_transfers=True)
+  # Each of the three, switched to stock's behaviour, is still a valid value.
+  support.OURS(support.sgd(), replicas_to_aggregate=2, prompt_stop=False,
+               stall_log_secs=None, pack_gradient_transfers=False)

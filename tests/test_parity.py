@@ -51,7 +51,8 @@ class Worker:
   """One worker's graph and session for the parity model."""
 
   def __init__(self, opt_cls, cluster, worker_id, *, make_opt, replicas,
-               total, use_resource, step_dtype, averages, one_ps=False):
+               total, use_resource, step_dtype, averages, one_ps=False,
+               make_ema=lambda: tf.train.ExponentialMovingAverage(DECAY)):
     self.id = worker_id
     self.graph = tf.Graph()
     self.steps_taken = 0
@@ -91,7 +92,7 @@ class Worker:
                                   tf.constant([6, 2], tf.int64))
         kwargs = {}
         if averages:
-          self.ema = tf.train.ExponentialMovingAverage(DECAY)
+          self.ema = make_ema()
           kwargs = dict(variable_averages=self.ema,
                         variables_to_average=[self.dense, self.matrix])
         self.opt = opt_cls(make_opt(), replicas_to_aggregate=replicas,
@@ -331,49 +332,118 @@ def test_packed_transfers_match_stock(waves, steps, workers, replicas):
       p is split or p.inputs[0].op is split for p in pushed), pushed
 
 
+class _GatedAverage(tf.train.ExponentialMovingAverage):
+  """An EMA whose update first enqueues into ``reached`` (the chief got to
+  the averages) and then waits for an element of ``gate`` (the test lets it
+  go): the window between the averages and the tokens, held open."""
+
+  def __init__(self, decay):
+    super().__init__(decay)
+    self.queues = _averages_queues()
+
+  def apply(self, var_list=None):
+    reached, gate = self.queues
+    with tf.control_dependencies([reached.enqueue(1)]):
+      with tf.control_dependencies([gate.dequeue()]):
+        return super().apply(var_list)
+
+
+def _averages_queues():
+  """(reached, gate) on ps 0, shared by name with every graph making them."""
+  with tf.compat.v1.device("/job:ps/task:0"):
+    return tuple(tf.queue.FIFOQueue(-1, tf.int32, shapes=[()],
+                                    shared_name="test_averages_" + name,
+                                    name="test_averages_" + name)
+                 for name in ("reached", "gate"))
+
+
+#: With a backup's worth of tokens (3 per update for 2 workers) one token is
+#: left after every update: at the chief's averages it shows whether the
+#: tokens of that update went out before them.
+ABT_TOTAL = 3
+#: The waves and the update each one makes (None: its pushes are stale, as
+#: every worker's second push is: the initial tokens carried step 0).
+ABT_UPDATES = [1, None, 2, 3]
+
+
 def test_averages_before_tokens_are_current_when_a_worker_resumes():
-  """With averages_before_tokens, no wait: the token implies the average."""
+  """With averages_before_tokens, no wait: the token implies the average.
+
+  The chief's averages wait for the test (``_GatedAverage``), so stock's
+  order, tokens first, cannot hide behind a fast chief: the test looks at
+  the token queue while the chief holds at the averages.
+  """
 
   def averaged_first(*args, **kwargs):
     return support.OURS(*args, averages_before_tokens=True, **kwargs)
 
   cluster = _CLUSTER.acquire()
   workers = []
+  probe = tf.Graph()
+  with probe.as_default():
+    reached, gate = _averages_queues()
+    with tf.compat.v1.device("/job:ps/task:0"):
+      tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=[()],
+                                  shared_name="sync_token_q")
+    reads = dict(reached=reached.size(), tokens=tokens.size())
+    let_go, drain = gate.enqueue(1), tokens.dequeue()
+  probe_sess = tf.compat.v1.Session(cluster.worker_targets[0], graph=probe,
+                                    config=support.session_config())
   try:
     for i in range(2):
       workers.append(Worker(averaged_first, cluster, i,
-                            make_opt=OPTIMIZERS["sgd"], replicas=2, total=2,
-                            use_resource=True, step_dtype=tf.int64,
-                            averages=True))
+                            make_opt=OPTIMIZERS["sgd"], replicas=2,
+                            total=ABT_TOTAL, use_resource=True,
+                            step_dtype=tf.int64, averages=True,
+                            make_ema=lambda: _GatedAverage(DECAY)))
     observer = workers[1]
-    shadows = observer.read()[1:3]
-    for wave in range(4):
-      support.run_concurrently([(w.step,) for w in workers])
+    shadows = observer.read()[5:7]
+    for wave, update in enumerate(ABT_UPDATES):
+      steps = [support.BoundedThread(w.step, name="worker%d-wave%d" % (w.id,
+                                                                       wave))
+               for w in workers]
+      for t in steps:
+        t.start()
       if wave == 0:
-        # The first tokens were the initial ones, released before any
-        # update: wait for update 1 like stock users must.
-        support.wait_until(lambda: observer.read()[0] == 1, timeout=20,
-                           what="global_step == 1")
-        support.wait_until(lambda: not np.array_equal(
-            observer.read()[5], shadows[0]), timeout=20,
-                           what="the first average")
+        # The initial tokens let both return before any update.
+        for t in steps:
+          t.finish()
+      if update is not None:
+        support.wait_until(
+            lambda u=update: probe_sess.run(reads["reached"]) == u,
+            timeout=20, what="the chief at the averages of update %d" % update)
+        queued = probe_sess.run(reads["tokens"])
+        assert queued == 0, (
+            "update %d: %d tokens went out before the chief's averages"
+            % (update, queued))
+        probe_sess.run(let_go)
+      for t in steps:
+        t.finish()
+      if wave == 0:
+        # Nobody waits for these tokens: that they are out says the
+        # averages are done.
+        support.wait_until(lambda: probe_sess.run(reads["tokens"]) == ABT_TOTAL,
+                           timeout=20, what="update 1's tokens")
       state = observer.read()
-      if wave in (0, 1):
-        values = state[1:3]
-        if wave == 0:
-          shadows = [sh - (sh - v) * np.float32(1 - DECAY)
-                     for sh, v in zip(shadows, values)]
-      else:
-        # Every worker returned holding a token of this wave's update, so
-        # its average must already be there: read without waiting.
+      assert state[0] == max(u or 0 for u in ABT_UPDATES[:wave + 1])
+      if update is not None:
+        # Every worker returned holding a token of this update (or, after
+        # wave 0, the tokens are out), so its average must already be
+        # there: read without waiting.
         shadows = [sh - (sh - v) * np.float32(1 - DECAY)
                    for sh, v in zip(shadows, state[1:3])]
       np.testing.assert_array_equal(state[5], shadows[0],
                                     err_msg="wave %d" % wave)
       np.testing.assert_array_equal(state[6], shadows[1],
                                     err_msg="wave %d" % wave)
+      if wave > 0:
+        # The backup's token, left by the two workers: gone before the next
+        # update, so that the next check sees only that update's tokens.
+        assert probe_sess.run(reads["tokens"]) == 1
+        probe_sess.run(drain)
   except BaseException:
     _CLUSTER.discard()
     raise
   finally:
     support.close_all(workers)
+    probe_sess.close()

@@ -27,6 +27,14 @@ from sync_replicas import cluster as cluster_lib
 TASK = pathlib.Path(__file__).with_name("crash_task.py")
 ROOT = TASK.parents[1]
 REPEATS = int(os.environ.get("SYNC_REPLICAS_RECOVERY_REPEATS", "1"))
+#: Every task's operation timeout.
+OP_TIMEOUT_MS = 90_000
+#: The longest the test waits for a restarted task while it holds the others
+#: (Job.hold). A held worker may sit in its run that whole time, waiting for
+#: a token that needs a held worker's gradient, so it must stay well under
+#: the op timeout, which would end that run with DeadlineExceededError.
+HELD_WAIT_SECS = 60
+assert HELD_WAIT_SECS * 1000 < OP_TIMEOUT_MS * 0.75
 
 
 class Job:
@@ -41,7 +49,8 @@ class Job:
     self.base = {"cluster": self.cluster, "replicas": replicas,
                  "last_step": last_step, "delay": delay,
                  "checkpoint_dir": str(tmp_path / "ckpt"),
-                 "hold_file": str(tmp_path / "hold")}
+                 "hold_file": str(tmp_path / "hold"),
+                 "op_timeout_ms": OP_TIMEOUT_MS}
     self.procs = {}
     self._reserved = {}
     self.rows = last_step + 64
@@ -232,7 +241,7 @@ def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   # are up, or a slow start-up would leave it nothing to contribute to.
   job.hold()
   _start(job)
-  for task in range(1, 3):
+  for task in range(1, 3):  # Nobody is in a run yet: no op to time out.
     job.wait_ready("worker", task)
   job.release()
   support.wait_until(lambda: job.read("trace")[:, 2].sum() > 0, timeout=90,
@@ -246,7 +255,8 @@ def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   # training ends first.
   job.hold()
   job.start("worker", 2)
-  job.wait_ready("worker", 2, count=2)  # Its first life said ready once.
+  # Its first life said ready once.
+  job.wait_ready("worker", 2, count=2, timeout=HELD_WAIT_SECS)
   rejoined_at = int(job.read("global_step"))
   job.release()
   assert rejoined_at < last_step, "training ended before the worker came back"

@@ -19,8 +19,15 @@ import support
 from sync_replicas import _runner
 from sync_replicas import errors
 
-#: A close that takes longer than this has waited for the grace period.
-PROMPT_SECS = 5.0
+#: A close that takes longer than this has waited for the grace period
+#: (support.STOCK_GRACE_SECS, given to every close that must be prompt) or
+#: for the op timeout to end a blocked take.
+PROMPT_SECS = support.PROMPT_SECS
+GRACE_SECS = support.STOCK_GRACE_SECS
+#: A worker still running this long after the chief's end was not ended by
+#: the closed token queue: its wait for a token would have ended at the op
+#: timeout, with an error.
+WORKER_END_SECS = support.OP_TIMEOUT_MS / 1000 / 2
 
 
 def _train(worker, *, last_step, grace, ready=None, fail_after=None):
@@ -72,17 +79,31 @@ def _run_cluster(opt_cls, *, workers=3, replicas=2, last_step=15, grace=120,
 
 
 def test_chief_close_is_prompt_and_workers_exit_cleanly():
-  chief, others = _run_cluster(support.OURS, grace=120)
+  chief, others = _run_cluster(support.OURS, grace=GRACE_SECS)
   chief_close, chief_end = chief.finish(timeout=60)
   assert chief_close < PROMPT_SECS, (
-      "close() took %.1fs: it waited for the grace period" % chief_close)
+      "close() took %.1fs: it waited for the grace period or an op "
+      "timeout" % chief_close)
   for t in others:
     _, end = t.finish(timeout=30)  # Re-raises any exception in user code.
-    assert end - chief_end < PROMPT_SECS
+    assert end - chief_end < WORKER_END_SECS
+
+
+def test_a_lone_chief_closes_promptly_where_stocks_waits():
+  # The mirror of test_stock_behaviour_waits_for_the_grace_period: after the
+  # chief's last update nothing pushes, so a runner blocked in take_grad
+  # cannot be freed by a late push, as it can with workers still training.
+  chief, _ = _run_cluster(support.OURS, workers=1, replicas=1,
+                          grace=GRACE_SECS)
+  chief_close, _ = chief.finish(timeout=GRACE_SECS + 60)
+  assert chief_close < PROMPT_SECS, (
+      "close() took %.1fs: it waited for the grace period or an op "
+      "timeout" % chief_close)
 
 
 def test_chief_failure_in_user_code_stops_everyone_promptly():
-  chief, others = _run_cluster(support.OURS, grace=120, last_step=10_000,
+  chief, others = _run_cluster(support.OURS, grace=GRACE_SECS,
+                               last_step=10_000,
                                chief_fail_after=5)
   with pytest.raises(ValueError, match="user code failed at run 5"):
     chief.finish(timeout=60)
@@ -111,7 +132,7 @@ def test_in_process_master_stops_promptly_and_trains():
   """master='' (a single-process run): no second session can share state."""
   worker = support.LinearWorker(support.OURS, None, 0, replicas=1, total=1,
                                 num_ps=0, target="")
-  close_secs, _ = _train(worker, last_step=30, grace=120)
+  close_secs, _ = _train(worker, last_step=30, grace=GRACE_SECS)
   assert close_secs < PROMPT_SECS
 
 
@@ -137,7 +158,7 @@ def test_supervisor_stop_is_prompt():
     support.wait_until(lambda: sess.run(worker.global_step) >= 3, timeout=20,
                        what="global_step >= 3")
     start = time.monotonic()
-    sv.stop()  # Default grace: 120 s.
+    sv.stop()  # Default grace: support.STOCK_GRACE_SECS.
     assert time.monotonic() - start < PROMPT_SECS
 
 
@@ -151,11 +172,12 @@ def test_stall_is_logged_and_times_out_with_a_clear_error(caplog):
   with pytest.raises(sync_replicas.SyncStallError,
                      match=r"No update for \d+ s \(stall_timeout_secs=1.5\): "
                            r"update to step 1 waits for gradients: w 0/2"):
-    with chief.session(stop_grace_period_secs=120) as sess:
+    with chief.session(stop_grace_period_secs=GRACE_SECS) as sess:
       # Nobody pushes: the chief only waits (bounded) for the stop.
       support.wait_until(sess.should_stop, timeout=20,
                          what="the stall timeout to stop the session")
-  assert time.monotonic() - start < 20
+  # Stopped by the timeout, the close is prompt: not the grace's wait.
+  assert time.monotonic() - start < PROMPT_SECS
   stalls = [r.getMessage() for r in caplog.records
             if "no update for" in r.getMessage()]
   assert stalls and "w 0/2" in stalls[0] and "2 token(s) queued" in stalls[0]
@@ -288,9 +310,13 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
   # closes the token queue on any stop, and the new session's init tokens
   # then fail.
   close = tf.compat.v1.Session.close
+  slowed = []
 
   def slow_close(session):
+    # The runner's closer thread, found by the name the runner gives it: a
+    # renamed thread would make the race go away unnoticed, hence ``slowed``.
     if threading.current_thread().name.startswith("SyncQueueRunnerStop"):
+      slowed.append(session)
       time.sleep(3)
     close(session)
 
@@ -302,6 +328,7 @@ def test_a_recovery_whose_old_sync_loop_outlives_the_grace_still_trains(
     return
   # Read before the run's update: the last one is 10.
   assert _train_through_one_abort(cls, timeout_ms=10_000) >= 9
+  assert slowed, "no close from the runner's closer thread was slowed"
 
 
 class _SessionsMade(tf.compat.v1.train.SessionRunHook):

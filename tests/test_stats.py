@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import support
+import sync_replicas
 import test_graph_parity
 
 pytestmark = pytest.mark.quick  # In ./tools/test --quick.
@@ -149,3 +150,67 @@ def test_statistics_log_steps_is_validated(bad):
   with pytest.raises(ValueError, match="statistics_log_steps"):
     support.OURS(tf.compat.v1.train.GradientDescentOptimizer(0.1), 1,
                  statistics=True, statistics_log_steps=bad)
+
+
+def _chief(cluster):
+  """A one-replica chief with statistics, in a graph of its own (as a
+  restarted process builds)."""
+  return support.LinearWorker(
+      support.OURS, cluster, 0, replicas=1, total=1,
+      opt_kwargs=dict(statistics=True, statistics_log_steps=None,
+                      stall_log_secs=None))
+
+
+def _wait_for_updates(sess, chief, count):
+  updates = chief.opt.statistics_tensors["chief/updates_applied"]
+  support.wait_until(lambda: sess.run(updates) >= count, timeout=20,
+                     what="%d updates counted" % count)
+
+
+def test_cluster_counters_survive_a_chief_restart():
+  """The cluster counters live on the ps and the chief's init keeps what is
+  there (docs/operations.md): a chief that dies and starts again, running
+  every init from scratch (no checkpoint), counts on from the dead chief's
+  figures, while a replica's own counters start again at zero."""
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  first = _chief(cluster)
+  with first.graph.as_default():
+    init = [tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer()]
+    init_tokens = first.opt.get_init_tokens_op()
+  sess = tf.compat.v1.Session(first.target, graph=first.graph,
+                              config=support.session_config())
+  sess.run(init)
+  sess.run(first.opt.chief_init_op)
+  sess.run(init_tokens)
+  coord = tf.compat.v1.train.Coordinator()
+  threads = first.opt.get_chief_queue_runner().create_threads(
+      sess, coord=coord, daemon=True, start=True)
+  for _ in range(3):
+    sess.run(first.train_op)
+  # (Which pushes are stale and how many updates follow depends on when
+  # each update lands: one replica aggregates alone.)
+  _wait_for_updates(sess, first, 1)
+  before = sess.run(first.opt.statistics_tensors)
+  # The chief dies: its session goes without a stop request, so the token
+  # queue stays open, and its sync loop follows its session.
+  sess.close()
+  for t in threads:
+    t.join(timeout=20)
+    assert not t.is_alive(), "the dead chief's thread %s still runs" % t.name
+
+  second = _chief(cluster)
+  with second.session() as restarted:
+    for _ in range(2):
+      restarted.run(second.train_op)
+    _wait_for_updates(restarted, second, before["chief/updates_applied"] + 1)
+    after = restarted.run(second.opt.statistics_tensors)
+  assert (before["cluster/gradients_pushed"],
+          before["cluster/tokens_taken"]) == (3, 3), before
+  assert after["worker/gradients_pushed"] == 2, after  # The new replica's.
+  assert after["cluster/gradients_pushed"] == 3 + 2, after
+  assert after["cluster/tokens_taken"] == 3 + 2, after
+  assert after["cluster/gradients_dropped_stale"] >= before[
+      "cluster/gradients_dropped_stale"], (before, after)
+  assert after["chief/updates_applied"] > before["chief/updates_applied"], (
+      before, after)

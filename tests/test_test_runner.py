@@ -11,6 +11,7 @@ And two helpers whose schedules other tests rely on:
 ``support.held_in_turns``.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.quick
 def expected(monkeypatch):
   table = {}
   monkeypatch.setattr(_run_tests, "EXPECTED", table)
+  # Nothing measured on this machine either: the table is all there is.
+  monkeypatch.setattr(_run_tests, "MEASURED", {})
   return table
 
 
@@ -358,9 +361,94 @@ def test_held_in_turns_stops_at_once_lets_go_between_turns_and_resumes():
   sent = []
   with support.held_in_turns(sent.append, hold_secs=0.1, release_secs=0.05):
     assert sent == [signal.SIGSTOP]  # Stopped before the block runs.
-    time.sleep(0.5)
+    # Three turns, however long a loaded machine takes to give them.
+    support.wait_until(lambda: sent.count(signal.SIGSTOP) >= 3, timeout=30,
+                       what="three turns of held_in_turns")
   assert sent[-1] == signal.SIGCONT
   # Strict turns before the closing resume (sent whatever the last turn).
   turns = sent[:-1]
   assert all(a != b for a, b in zip(turns, turns[1:])), sent
   assert sent.count(signal.SIGSTOP) >= 3, sent
+
+
+def test_a_failed_tests_tmp_path_is_kept_and_named(tmp_path, monkeypatch):
+  import conftest  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(conftest.KEEP_ENV, str(tmp_path / "kept"))
+  work = tmp_path / "work"
+  (work / "job").mkdir(parents=True)
+  (work / "job" / "worker0.log").write_text(
+      "\n".join("line %d" % i for i in range(40)))
+  keep = conftest._keep  # pylint: disable=protected-access
+  text = keep(work, "tests/test_x.py::test_y[a b]")
+  kept = tmp_path / "kept" / "tests_test_x.py_test_y_a_b_"
+  assert (kept / "job" / "worker0.log").read_text().endswith("line 39")
+  assert str(kept) in text.splitlines()[0]
+  assert "line 39" in text and "line 27" not in text  # The log's last lines.
+  assert _run_tests.kept_report(tmp_path / "kept") == [
+      "Failed tests' tmp_path (their task logs), kept under %s:"
+      % (tmp_path / "kept"), "  " + kept.name]
+  assert not _run_tests.kept_report(tmp_path / "none")
+
+
+def _finished_job(tmp_path, name, files, *, rc=0, peak=0, threads=None):
+  """A Job as run() leaves it: its JUnit file and thread counts written."""
+  job = _run_tests.Job(name, [tmp_path / f for f in files], [], tmp_path)
+  cases = "".join(
+      '<testcase classname="tests.%s" name="t%d" time="%s"/>'
+      % (f[:-3], i, secs) for f, times in files.items()
+      for i, secs in enumerate(times))
+  job.xml.write_text("<testsuites><testsuite>%s</testsuite></testsuites>"
+                     % cases)
+  if threads is not None:
+    job.threads_out.write_text(json.dumps(threads))
+  job.rc, job.peak_threads = rc, peak
+  return job
+
+
+def test_a_green_run_records_what_it_measured_for_the_next(tmp_path, expected,
+                                                           monkeypatch):
+  record = tmp_path / "record" / "venv.json"
+  alone = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [2, 3]},
+                        peak=900, threads={"test_a.py": 850})
+  shared = _finished_job(tmp_path, "group 1",
+                         {"test_b.py": [1], "test_c.py": [0.5, 0.5]},
+                         peak=1500, threads={"test_b.py": 700,
+                                             "test_c.py": 300})
+  assert _run_tests.record_measured([alone, shared], ["-v", "-rs"],
+                                    path=record) == 3
+  measured = _run_tests.load_measured(record)
+  # The file alone: at least its process's peak; sharing: its own threads.
+  assert measured == {"test_a.py": (5.0, 900), "test_b.py": (1.0, 700),
+                      "test_c.py": (1.0, 300)}
+  # The next run packs by them, not by the hand-written table.
+  expected.update({"test_a.py": (1, 10)})
+  monkeypatch.setattr(_run_tests, "MEASURED", measured)
+  assert _run_tests.expected(tmp_path / "test_a.py") == (5.0, 900)
+  # A later green run of one file updates that file only.
+  again = _finished_job(tmp_path, "tests/test_b.py", {"test_b.py": [4]},
+                        peak=720, threads={"test_b.py": 710})
+  assert _run_tests.record_measured([again], [], path=record) == 1
+  assert _run_tests.load_measured(record) == dict(
+      measured, **{"test_b.py": (4.0, 720)})
+
+
+@pytest.mark.parametrize("args, rc", [(["-k", "parity"], 0), ([], 1),
+                                      (["--maxfail=1"], 0)],
+                         ids=["selected", "failed", "maxfail"])
+def test_only_a_green_run_of_whole_files_is_recorded(tmp_path, args, rc):
+  record = tmp_path / "venv.json"
+  job = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [2]},
+                      rc=rc, peak=900, threads={"test_a.py": 850})
+  assert _run_tests.record_measured([job], args, path=record) == 0
+  assert not record.exists()
+
+
+def test_every_knockout_patch_still_applies(capsys):
+  # tools/knockout removes one feature at a time by a text replacement; a
+  # change that moves that text would leave its row failing as an error
+  # (the full run is too long for the suite: docs/testing.md).
+  knockout = support.load_tool("knockout")
+  assert knockout.main(["--check"]) == 0, capsys.readouterr().err
+  named = {t.split("::")[0] for row in knockout.TABLE for t in row.tests}
+  assert not [n for n in named if not (support.TOOLS.parent / "tests" / n)
+              .exists()], named

@@ -84,8 +84,12 @@ def test_three_workers_one_backup(impl):
 
     t0 = support.BoundedThread(w0.step, name="worker0")
     t0.start()
-    # One gradient is not enough for an update.
-    assert w1.read()[0] == 1
+    # One gradient is not enough for an update: once worker 0's is in, the
+    # step stays and the gradient waits in the accumulator (a take would
+    # have emptied it before the step moves).
+    support.wait_until(lambda: w1.session.run(w1.v0_pending) >= 1,
+                       timeout=20, what="worker 0's push")
+    assert w1.session.run([w1.global_step, w1.v0_pending]) == [1, 1]
     t1 = support.BoundedThread(w1.step, name="worker1")
     t1.start()
     t1.finish()

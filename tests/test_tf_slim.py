@@ -46,7 +46,7 @@ LR = 0.5
 #: train() stops once the global step reaches this.
 NUMBER_OF_STEPS = 4
 #: Ours' chief must return from train() within this after its last step.
-PROMPT_SECS = 5.0
+PROMPT_SECS = support.PROMPT_SECS  # tf-slim waits 120 s or an op timeout.
 #: Stock's chief is checked to be still inside train() this long after it.
 BLOCKED_SECS = 3.0
 #: Bounds a round: both workers meet at the barrier before every step.
@@ -186,8 +186,10 @@ class Run:
       raise hold_error[0]
     self.variables = self._read(cluster, step_dtype)
     # Stock's chief blocks in Supervisor.stop() for 120 s: look once, after
-    # BLOCKED_SECS, instead of waiting it out.
-    chief.join(max(0.0, last_step_at[0] + BLOCKED_SECS - time.monotonic()))
+    # BLOCKED_SECS, instead of waiting it out. Ours may take up to
+    # PROMPT_SECS: a loaded machine's prompt stop can outlast BLOCKED_SECS.
+    look = BLOCKED_SECS if opt_cls is support.STOCK else PROMPT_SECS
+    chief.join(max(0.0, last_step_at[0] + look - time.monotonic()))
     self.chief_alive_after_blocked_secs = chief.is_alive()
     if chief.is_alive():
       # Cancels stock's blocked take_grad, which ends its queue-runner

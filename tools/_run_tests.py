@@ -22,14 +22,19 @@ more of SciPy: measured, about 1.2 of the import's ~6 CPU-seconds, in each
 TensorFlow process. No test needs it: the digits are read from
 scikit-learn's file directly (examples/_digits.py).
 
-A new file needs nothing: the glob finds it and, until its measured time and
-threads are added to EXPECTED, it runs alone and starts first (as if it were
-the slowest). Before starting a process the scheduler also checks the threads
+Each file's time and threads come from the last green run on this machine
+(MEASURED, which every green full run rewrites for the files it ran; see
+record_measured), else from EXPECTED, the hand-written table a clean clone
+(CI) starts from. A new file needs nothing: the glob finds it and, until a
+green run has measured it, it runs alone and starts first (as if it were the
+slowest). Before starting a process the scheduler also checks the threads
 the running ones hold (THREAD_BUDGET), so no pairing of files can push the
 machine past its thread limit.
 """
 
 import argparse
+import datetime
+import json
 import os
 import pathlib
 import re
@@ -58,17 +63,26 @@ def hiding_env(environ):
   return env
 
 
+#: tests/conftest.py copies a failed test's tmp_path (its process clusters'
+#: task logs) under this folder, and names the copy in the failure report:
+#: pytest keeps only its last few temporary folders, and a suite makes many.
+FAILED_DIR_ENV = "SYNC_REPLICAS_FAILED_TESTS_DIR"
+FAILED_TESTS = ROOT / "runs" / "failed-tests"
+#: tests/conftest.py writes each file's peak threads to this path (JSON).
+THREADS_OUT_ENV = "SYNC_REPLICAS_FILE_THREADS_OUT"
+
 # The scheduler needs no TensorFlow: the ports module is loaded by its path.
 _PORTS = _by_path.ports()
 PORT_RANGE_ENV = _PORTS.PORT_RANGE_ENV
 draw_port_range = _PORTS.draw_range
 
-# What each file costs on its own, measured: seconds of pytest time on a
-# quiet 2-core machine (TensorFlow 2.21, without the ~5 s import) and the
-# peak thread count of its process. Used to pack files into processes and
-# to start the longest first. A file missing here runs alone, first (as if
-# slowest); stale values only cost some wall time, as the thread cap below
-# is also checked while the suite runs.
+# What each file costs on its own, measured once by hand: seconds of pytest
+# time on a quiet 2-core machine (TensorFlow 2.21, without the ~5 s import)
+# and the peak thread count of its process. The fallback for a file the last
+# green run on this machine did not measure (MEASURED), e.g. on a clean clone
+# (CI). A file in neither runs alone, first (as if slowest); stale values
+# only cost some wall time, as the thread cap below is also checked while
+# the suite runs.
 EXPECTED = {  # file: (seconds, threads)
     "test_bad_input.py": (35, 810),
     "test_bench_tool.py": (60, 10),
@@ -140,10 +154,13 @@ def is_quick(path):
 class Job:
   """One pytest process over one file, or over all the quick files."""
 
-  def __init__(self, name, files, pytest_args, tmp):
+  def __init__(self, name, files, pytest_args, tmp, kept=None):
     self.name = name
+    # Where a failed test's tmp_path is kept (FAILED_DIR_ENV).
+    self.kept = kept
     self.files = files
     self.xml = tmp / (name.replace("/", "_") + ".xml")
+    self.threads_out = tmp / (name.replace("/", "_") + ".threads.json")
     self.log = tmp / (name.replace("/", "_") + ".log")
     # A file that fails to import fails its process (exit 1) but does not
     # keep the files it shares the process with from running: without the
@@ -176,6 +193,9 @@ class Job:
   def environment(self):
     """The process's environment: ours, sklearn hidden, its ports."""
     env = hiding_env(os.environ)
+    if self.kept is not None:
+      env[FAILED_DIR_ENV] = str(self.kept)
+    env[THREADS_OUT_ENV] = str(self.threads_out)
     if self.ports is not None:
       env[PORT_RANGE_ENV] = "%d-%d" % self.ports
     return env
@@ -252,9 +272,92 @@ def parse_args(argv):
   return parser.parse_known_args(argv)
 
 
+#: Where the last green run's measurements are kept: per checkout (runs/ is
+#: gitignored) and per venv, whose TensorFlow sets the times. Not in git: the
+#: figures are this machine's and change with every green run.
+MEASURED_DIR = ROOT / "runs" / "test-durations"
+#: Arguments after which a run's per-file times are not whole files' times.
+SELECTING = ("-k", "-m", "--deselect", "--lf", "--last-failed", "-x",
+             "--exitfirst", "--maxfail", "--sw", "--stepwise", "--co",
+             "--collect-only")
+
+
+def measured_path(prefix=sys.prefix):
+  """This venv's record of the last green run: MEASURED_DIR/<venv>.json."""
+  return MEASURED_DIR / (pathlib.Path(prefix).name.lstrip(".") + ".json")
+
+
+def load_measured(path):
+  """file name -> (seconds, threads) from a record; {} if there is none."""
+  try:
+    files = json.loads(path.read_text())["files"]
+    return {name: (float(f["secs"]), int(f["threads"]))
+            for name, f in files.items()}
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}
+
+
+#: The last green run's (seconds, threads) per file, on this machine.
+MEASURED = load_measured(measured_path())
+
+
 def expected(path):
-  """(seconds, threads) of a file; unknown files as slow as can be."""
+  """(seconds, threads) of a file: the last green run's, else EXPECTED's;
+  unknown files as slow as can be."""
+  if path.name in MEASURED:
+    return MEASURED[path.name]
   return EXPECTED.get(path.name, (10_000, PROCESS_THREADS))
+
+
+def measurements(done):
+  """file name -> (seconds, threads) measured in this run's jobs.
+
+  Seconds: the file's tests' time in pytest (the import excluded, as
+  EXPECTED's). Threads: what the file added to its process, plus the
+  process's own (tests/conftest.py writes them); for a file alone in its
+  process, at least the process's sampled peak.
+  """
+  found = {}
+  for job in done:
+    try:
+      threads = json.loads(job.threads_out.read_text())
+    except (OSError, ValueError):
+      threads = {}
+    for secs, _, name in per_file(job.test_times()):
+      count = int(threads.get(name, 0))
+      if len(job.files) == 1:
+        count = max(count, job.peak_threads)
+      if count:
+        found[name] = (round(secs, 1), count)
+  return found
+
+
+def record_measured(done, pytest_args, path=None):
+  """After a green run of whole files, stores what it measured.
+
+  Files this run did not measure keep their earlier figures. Returns the
+  number of files recorded (0: the run was not green, or selected tests).
+  """
+  path = measured_path() if path is None else path
+  if (not done or any(j.rc not in (0, 5) for j in done)
+      or any(a.split("=")[0] in SELECTING for a in pytest_args)):
+    return 0
+  found = measurements(done)
+  if not found:
+    return 0
+  try:
+    record = json.loads(path.read_text())
+  except (OSError, ValueError):
+    record = {}
+  files = record.get("files", {})
+  now = datetime.datetime.now().isoformat(timespec="seconds")
+  files.update({name: {"secs": secs, "threads": threads, "recorded": now}
+                for name, (secs, threads) in found.items()})
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+  tmp.replace(path)
+  return len(found)
 
 
 def pack(files, workers):
@@ -281,7 +384,7 @@ def pack(files, workers):
   return alone + shared
 
 
-def make_jobs(args, pytest_args, tmp):
+def make_jobs(args, pytest_args, tmp, kept=None):
   files = sorted(TESTS.glob("test_*.py"))
   if args.quick:
     files = [f for f in files if is_quick(f)]
@@ -291,7 +394,7 @@ def make_jobs(args, pytest_args, tmp):
   for group in pack(files, min(args.jobs, 2) if args.quick else args.jobs):
     name = ("tests/" + group[0].name if len(group) == 1 else
             "group %d" % (sum(len(j.files) > 1 for j in jobs) + 1))
-    jobs.append(Job(name, sorted(group), pytest_args, tmp))
+    jobs.append(Job(name, sorted(group), pytest_args, tmp, kept))
   jobs.sort(key=lambda j: -j.expected_secs)
   # Disjoint port ranges: processes running side by side never draw the
   # same port between the check that it is free and the server's bind.
@@ -354,7 +457,15 @@ def machine_busy_secs():
   return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def summary(done, not_run, wall, busy=None):
+def kept_report(kept):
+  """Lines naming the failed tests whose tmp_path was kept under ``kept``."""
+  if kept is None or not kept.is_dir():
+    return []
+  return (["Failed tests' tmp_path (their task logs), kept under %s:" % kept]
+          + ["  %s" % d.name for d in sorted(kept.iterdir())])
+
+
+def summary(done, not_run, wall, busy=None, kept=None):
   print("\n%s\ntools/test: %d pytest processes, %.0f s wall time"
         % ("=" * 78, len(done), wall))
   if busy is not None:
@@ -375,13 +486,20 @@ def summary(done, not_run, wall, busy=None):
   tests = sorted((t for job in done for t in job.test_times()), reverse=True)
   if tests:
     print("Files, slowest first (their tests' time in pytest, and how many; "
-          "EXPECTED's seconds):")
+          "the seconds expected: m, measured in the last green run; e, "
+          "EXPECTED's):")
     for secs, count, name in per_file(tests):
-      print("  %-36s %6.1f s  %4d tests  (expected %s s)"
-            % (name, secs, count, EXPECTED.get(name, ("none",))[0]))
+      if name in MEASURED:
+        was = "%.0f s m" % MEASURED[name][0]
+      else:
+        was = "%s s e" % EXPECTED.get(name, ("none",))[0]
+      print("  %-36s %6.1f s  %4d tests  (expected %s)"
+            % (name, secs, count, was))
     print("Slowest tests (setup + call + teardown):")
     for secs, name in tests[:15]:
       print("  %6.1f s  %s" % (secs, name))
+  for line in kept_report(kept):
+    print(line)
 
 
 def per_file(tests):
@@ -409,8 +527,9 @@ def main(argv):
                    for a in pytest_args)
   start = time.monotonic()
   busy_at_start = machine_busy_secs()
+  kept = FAILED_TESTS / time.strftime("%Y%m%d-%H%M%S")
   with tempfile.TemporaryDirectory(prefix="sync_replicas_tests_") as tmp:
-    jobs = make_jobs(args, pytest_args, pathlib.Path(tmp))
+    jobs = make_jobs(args, pytest_args, pathlib.Path(tmp), kept)
     if not jobs:
       print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
       return 5
@@ -419,7 +538,13 @@ def main(argv):
     summary(done, [j for j in jobs if j not in done],
             time.monotonic() - start,
             None if None in (busy_at_start, busy_at_end)
-            else busy_at_end - busy_at_start)
+            else busy_at_end - busy_at_start, kept)
+    # Inside the block: the JUnit files and thread counts are in tmp.
+    if len(done) == len(jobs):
+      recorded = record_measured(done, pytest_args)
+      if recorded:
+        print("tools/test: times and threads of %d files recorded in %s for "
+              "the next run's schedule" % (recorded, measured_path()))
   if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
     return 1
   if all(j.rc == 5 for j in done):
