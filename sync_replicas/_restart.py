@@ -168,8 +168,9 @@ class Generations:
       return []
     with tf.compat.v1.name_scope(self._scope), \
         tf.control_dependencies(after):
-      return [tf.compat.v1.assign(local_step, start.step,
-                                  name="chief_local_step").op]
+      # No read of the value assigned: nothing uses one.
+      return [local_step.assign(start.step, read_value=False,
+                                name="chief_local_step")]
 
 
 def _generation(starts):
