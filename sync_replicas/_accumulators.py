@@ -227,36 +227,30 @@ def reduction_type(entry):
       "reduction_type").decode("ascii")
 
 
-def set_global_step_ops(accumulators, global_step, *, generations, after,
-                        scope):
+def set_global_step_ops(accumulators, global_step, *, start, after, scope):
   """The chief's per-accumulator init: clear leftovers, then set the step.
 
-  Unless this is the job's first start (see
-  ``Generations.may_hold_leftovers``), each accumulator of static shape is
-  emptied of whatever an earlier chief's workers had pushed (``_Clearing``);
-  then, on its device and after that device's clearing, stock's
-  ``SetGlobalStep`` sets its step to the (generation-encoded) global step.
-  The clearing ops live in ``scope`` and are built first; the final ops
-  keep stock's names and order.
+  Unless this is the job's first start (``start.may_hold_leftovers``), each
+  accumulator of static shape is emptied of whatever an earlier chief's
+  workers had pushed (``_Clearing``); then, on its device and after that
+  device's clearing, stock's ``SetGlobalStep`` sets its step to the
+  (generation-encoded) global step. The clearing ops live in ``scope`` and
+  are built first; the final ops keep stock's names and order.
 
   Args:
     accumulators: ``AccumulatorOps`` entries.
     global_step: The global step variable.
-    generations: A ``_restart.Generations``.
+    start: The ``_restart.ChiefStart`` of this ``chief_init_op``: one read
+      of the step and of the generation for every accumulator (per
+      accumulator they were one op each, or more: issue 20's build time).
     after: An op everything here must follow (the generation's start).
     scope: Our own name scope for the clearing ops.
 
   Returns:
     The final ``SetGlobalStep`` ops.
   """
-  with tf.compat.v1.device(global_step.device), \
-      tf.compat.v1.name_scope(scope), tf.control_dependencies([after]):
-    # One read of the step and of the generation for every accumulator:
-    # per accumulator they were one op each, or more (issue 20's build time).
-    step = generations.encode(tf.convert_to_tensor(global_step))
   with tf.control_dependencies([after]):
-    clearing = _Clearing(step, generations.may_hold_leftovers(global_step),
-                         scope=scope)
+    clearing = _Clearing(start.step, start.may_hold_leftovers, scope=scope)
   for entry in accumulators:
     if entry.shape.is_fully_defined():
       clearing.clear(entry)
@@ -271,7 +265,7 @@ def set_global_step_ops(accumulators, global_step, *, generations, after,
               else after)
       with tf.control_dependencies([wait]):
         ops.append(entry.accumulator.set_global_step(
-            step if generations.enabled else read, name="SetGlobalStep"))
+            start.step if start.encoded else read, name="SetGlobalStep"))
   return ops
 
 

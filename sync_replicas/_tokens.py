@@ -186,14 +186,15 @@ class SharedTokens:
       return fill_op(self.token_queue, global_step, count, encode=encode)
 
   def drain_ops(self, restarted, *, after):
-    """The chief's drains: every queue emptied if ``restarted()`` is true.
+    """The chief's drains: every queue emptied if ``restarted`` is true.
 
     A restarted chief's queues hold tokens of an earlier generation's steps;
     on a first start they may hold the init tokens, which must stay.
 
     Args:
-      restarted: Builds the predicate (``_restart.Generations.restarted``,
-        which decides when); called once per queue, each drain reading it.
+      restarted: The bool predicate, read after this start's ``start_op``
+        (``_restart.ChiefStart.restarted``, which decides when); one read
+        for every drain.
       after: The ops every drain's reads follow (this start's
         ``Generations.start_op``).
 
@@ -202,11 +203,10 @@ class SharedTokens:
     """
     drains = []
     for queue in self.queues:
-      when = restarted()
       with tf.compat.v1.device(self._device), \
           tf.compat.v1.name_scope(self._scope), \
           tf.control_dependencies(after):
-        count = tf.where(when, queue.size(), 0)
+        count = tf.where(restarted, queue.size(), 0)
         drains.append(queue.dequeue_up_to(count, name="drain_tokens").op)
     return drains
 

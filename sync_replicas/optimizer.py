@@ -513,16 +513,16 @@ class _Build:
 
   def chief_init_op(self):
     """The chief's local init: local step, accumulators, restart state."""
+    # Read once after this start's start_op, shared by everything below.
+    start = self.generations.chief_start(self.global_step)
     self.chief_init = tf.group(
         self.local_step_init_op,
         *self.generations.chief_local_step_ops(
-            self.local_step, self.global_step,
-            after=[self.local_step_init_op]),
+            self.local_step, start, after=[self.local_step_init_op]),
         *_accumulators.set_global_step_ops(
-            self.routes.accumulators, self.global_step,
-            generations=self.generations, after=self.generations.start_op,
-            scope=self.scope),
-        *self.tokens.drain_ops(self.generations.restarted,
+            self.routes.accumulators, self.global_step, start=start,
+            after=self.generations.start_op, scope=self.scope),
+        *self.tokens.drain_ops(start.restarted,
                                after=[self.generations.start_op]),
         *self.stats.init_ops())
 

@@ -1,4 +1,13 @@
-"""Ours builds stock's graph: every stock (op name, op type, device) is ours too."""
+"""Ours builds stock's graph: every stock op is ours too, wired as stock's.
+
+Each op of stock's graph, built side by side, must exist in ours with the
+same name, type and device, the same data inputs (by name, in order) and
+at least its control inputs. Ours departs from stock's wiring only where
+docs/design.md says it does, each checked as narrowly as it can be here
+(``_documented``): the restart generation added to a step, the packed
+transfers' route of a small gradient, and ordering added from our own
+scope.
+"""
 
 import pytest
 import tensorflow as tf
@@ -9,7 +18,112 @@ from sync_replicas import _packing
 pytestmark = pytest.mark.quick  # In ./tools/test --quick.
 
 
+#: Our own name scope: every op we add lives here.
+OWN_SCOPE = "sync_replicas_status/"
+
+#: (op type, data input) where ours gives a stock op a step plus the restart
+#: generation (docs/design.md, "One update"; docs/operations.md, restarts):
+#: the token enqueues, the local step's init and the accumulators'
+#: set-steps.
+ENCODED_STEP_INPUTS = {("QueueEnqueueManyV2", 1), ("AssignVariableOp", 1),
+                       ("ResourceAccumulatorSetGlobalStep", 1),
+                       ("AccumulatorSetGlobalStep", 1)}
+#: (op type, data input) where ours gives a stock push its gradient through
+#: the packed transfers (docs/options.md, "Packed gradient transfers").
+PACKED_GRADIENT_INPUTS = {("ResourceAccumulatorApplyGradient", 2),
+                          ("AccumulatorApplyGradient", 2)}
+
+
+def _is_encoded(stock_input, our_input):
+  """``our_input`` is stock's value plus an offset of ours (one AddV2).
+
+  Stock's value is the same tensor, or a read of the same variable: the
+  chief's set-steps share one read of the global step made after this
+  start (``_restart.ChiefStart``), and stock's own read stays, unused.
+  """
+  add = our_input.op
+  if add.type != "AddV2" or not add.inputs[1].name.startswith(OWN_SCOPE):
+    return False
+  value = add.inputs[0]
+  return value.name == stock_input.name or (
+      value.op.type == stock_input.op.type == "ReadVariableOp"
+      and value.op.inputs[0].name == stock_input.op.inputs[0].name)
+
+
+def _unflat(tensor):
+  return tensor.op.inputs[0] if tensor.op.type == "Reshape" else tensor
+
+
+def _is_packed_part(stock_input, our_input):
+  """``our_input`` is the part of a packed transfer that carried stock's.
+
+  Its split (ours, on the ps) cut the worker's concatenation, whose part
+  at the same place is stock's gradient (each flattened, reshaped back).
+  """
+  part = _unflat(our_input)
+  split = part.op
+  if split.type != "SplitV" or not split.name.startswith(
+      OWN_SCOPE + "packed_transfers/"):
+    return False
+  concat = split.inputs[0].op
+  return (concat.type == "ConcatV2"
+          and _unflat(concat.inputs[part.value_index]).name
+          == stock_input.name)
+
+
+def _documented(op, index, stock_input, our_input):
+  """Whether ours' ``index``-th input of stock's ``op`` is a documented
+  rewiring of stock's ``stock_input``."""
+  if not our_input.name.startswith(OWN_SCOPE):
+    return False
+  if (op.type, index) in ENCODED_STEP_INPUTS:
+    return _is_encoded(stock_input, our_input)
+  if (op.type, index) in PACKED_GRADIENT_INPUTS:
+    return _is_packed_part(stock_input, our_input)
+  return False
+
+
+def _rewired(stock, ours):
+  """Stock ops that ours wires otherwise than stock and than documented.
+
+  Data inputs must be stock's, in order, but for ``_documented`` ones;
+  every stock control input must be there, and ours may add only control
+  inputs from its own scope (the chief's init orders its set-steps after
+  the clearing, its group after the drains and the chief's local step).
+  """
+  found = []
+  for op in stock.get_operations():
+    try:
+      mine = ours.get_operation_by_name(op.name)
+    except KeyError:
+      found.append("%s: missing" % op.name)
+      continue
+    if len(op.inputs) != len(mine.inputs):
+      found.append("%s: %d data inputs, stock %d" % (
+          op.name, len(mine.inputs), len(op.inputs)))
+      continue
+    for i, (theirs, our) in enumerate(zip(op.inputs, mine.inputs)):
+      if theirs.name != our.name and not _documented(op, i, theirs, our):
+        found.append("%s (%s) input %d: %s, stock %s" % (
+            op.name, op.type, i, our.name, theirs.name))
+    theirs = {c.name for c in op.control_inputs}
+    our = {c.name for c in mine.control_inputs}
+    for name in sorted(theirs - our):
+      found.append("%s: control input ^%s missing" % (op.name, name))
+    for name in sorted(our - theirs):
+      if not name.startswith(OWN_SCOPE):
+        found.append("%s: control input ^%s not stock's" % (op.name, name))
+  return found
+
+
 def _build(opt_cls, *, use_resource, variable_averages):
+  """``_build_graph``'s ops as (name, type, device), and its train op."""
+  g, train_op = _build_graph(opt_cls, use_resource=use_resource,
+                             variable_averages=variable_averages)
+  return _described(g), train_op
+
+
+def _build_graph(opt_cls, *, use_resource, variable_averages):
   """A dense + sparse model over 2 ps via replica_device_setter."""
   g = tf.Graph()
   with g.as_default():
@@ -33,8 +147,11 @@ def _build(opt_cls, *, use_resource, variable_averages):
       grads = opt.compute_gradients(loss, var_list=[emb, w, b, unused])
       train_op = opt.apply_gradients(grads, global_step=global_step)
       opt.get_init_tokens_op()
-  ops = {(op.name, op.type, op.device) for op in g.get_operations()}
-  return ops, train_op
+  return g, train_op
+
+
+def _described(g):
+  return {(op.name, op.type, op.device) for op in g.get_operations()}
 
 
 @pytest.mark.parametrize("use_resource", [True, False],
@@ -42,10 +159,13 @@ def _build(opt_cls, *, use_resource, variable_averages):
 @pytest.mark.parametrize("variable_averages", [False, True],
                          ids=["plain", "averages"])
 def test_every_stock_op_is_in_our_graph(use_resource, variable_averages):
-  stock, stock_train = _build(support.STOCK, use_resource=use_resource,
-                              variable_averages=variable_averages)
-  ours, ours_train = _build(support.OURS, use_resource=use_resource,
-                            variable_averages=variable_averages)
+  stock_graph, stock_train = _build_graph(
+      support.STOCK, use_resource=use_resource,
+      variable_averages=variable_averages)
+  our_graph, ours_train = _build_graph(
+      support.OURS, use_resource=use_resource,
+      variable_averages=variable_averages)
+  stock, ours = _described(stock_graph), _described(our_graph)
   missing = sorted(stock - ours)
   assert not missing, "stock ops missing from ours:\n%s" % "\n".join(
       map(str, missing[:40]))
@@ -55,6 +175,9 @@ def test_every_stock_op_is_in_our_graph(use_resource, variable_averages):
       extra)
   assert (ours_train.name, ours_train.device) == (stock_train.name,
                                                    stock_train.device)
+  rewired = _rewired(stock_graph, our_graph)
+  assert not rewired, "stock ops wired otherwise in ours:\n%s" % (
+      "\n".join(rewired[:40]))
 
 
 def test_placement_of_protocol_pieces():
@@ -120,14 +243,13 @@ def _build_many(opt_cls, **options):
 def test_packed_transfers_keep_every_stock_op_and_accumulator():
   stock = _build_many(support.STOCK)
   ours = _build_many(support.OURS, pack_gradient_transfers=True)
-
-  def described(g):
-    return {(op.name, op.type, op.device) for op in g.get_operations()}
-
-  missing = sorted(described(stock) - described(ours))
+  missing = sorted(_described(stock) - _described(ours))
   assert not missing, missing[:20]
-  extra = sorted(n for n, _, _ in described(ours) - described(stock))
+  extra = sorted(n for n, _, _ in _described(ours) - _described(stock))
   assert all(n.startswith("sync_replicas_status/") for n in extra), extra
+  rewired = _rewired(stock, ours)
+  assert not rewired, "stock ops wired otherwise in ours:\n%s" % (
+      "\n".join(rewired[:40]))
   # Where each stock push takes its gradient from: small ones from a split
   # on their own ps task, the large one and the sparse one straight from
   # the worker's gradient, as in stock.
@@ -168,3 +290,6 @@ def test_unpacked_transfers_are_stock_routes():
             and op.name.startswith("sync_replicas/")]
   assert len(pushes) == 13
   assert all(p.inputs[2].op.device == "/job:worker/task:0" for p in pushes)
+  rewired = _rewired(_build_many(support.STOCK), ours)
+  assert not rewired, "stock ops wired otherwise in ours:\n%s" % (
+      "\n".join(rewired[:40]))
