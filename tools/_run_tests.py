@@ -90,7 +90,6 @@ EXPECTED = {  # file: (seconds, threads)
     "test_package.py": (15, 10),
     "test_parity.py": (55, 460),
     "test_reads.py": (15, 290),
-    "test_real_scripts.py": (120, 10),
     "test_recovery.py": (90, 10),
     "test_restart.py": (12, 1700),
     "test_scale_tool.py": (45, 10),
@@ -107,6 +106,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_test_runner.py": (1, 10),
     "test_tfjob.py": (5, 10),
     "test_two_optimizers.py": (3, 290),
+    "test_user_scripts.py": (120, 10),
     "test_validation.py": (3, 10),
 }
 #: Files sharing a process hold, together, at most this many threads: a
