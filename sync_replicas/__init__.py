@@ -2,29 +2,62 @@
 
 A faithful, importable replacement for
 ``tf.compat.v1.train.SyncReplicasOptimizer`` and its session hook.
+
+The public names load on first use, not at ``import sync_replicas``: the
+patch runner (``python -m sync_replicas.patch SCRIPT``) imports this package
+before the script runs, and a script that sets TensorFlow's environment
+(``TF_CPP_MIN_LOG_LEVEL``, ...) before its own ``import tensorflow`` must
+find TensorFlow not yet imported, as under ``python SCRIPT``.
 """
 
-from sync_replicas.cluster import LocalCluster
-from sync_replicas.errors import NotBuiltError
-from sync_replicas.errors import SyncStallError
-from sync_replicas.errors import is_recoverable_error
-from sync_replicas.hook import SyncReplicasOptimizerHook
-from sync_replicas.legacy import SyncReplicasOptimizerV2
-from sync_replicas.optimizer import SyncReplicasOptimizer
-from sync_replicas.reads import read_packed
-from sync_replicas.slim import slim_train
+import importlib
+import typing
+
+if typing.TYPE_CHECKING:  # For readers and type checkers: the same names.
+  from sync_replicas.cluster import LocalCluster
+  from sync_replicas.errors import NotBuiltError
+  from sync_replicas.errors import SyncStallError
+  from sync_replicas.errors import is_recoverable_error
+  from sync_replicas.hook import SyncReplicasOptimizerHook
+  from sync_replicas.legacy import SyncReplicasOptimizerV2
+  from sync_replicas.optimizer import SyncReplicasOptimizer
+  from sync_replicas.reads import read_packed
+  from sync_replicas.slim import slim_train
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LocalCluster",
-    "NotBuiltError",
-    "SyncStallError",
-    "SyncReplicasOptimizer",
-    "SyncReplicasOptimizerHook",
-    "SyncReplicasOptimizerV2",
-    "__version__",
-    "is_recoverable_error",
-    "read_packed",
-    "slim_train",
-]
+#: Each public name and the module that defines it.
+_HOMES = {
+    "LocalCluster": "sync_replicas.cluster",
+    "NotBuiltError": "sync_replicas.errors",
+    "SyncStallError": "sync_replicas.errors",
+    "SyncReplicasOptimizer": "sync_replicas.optimizer",
+    "SyncReplicasOptimizerHook": "sync_replicas.hook",
+    "SyncReplicasOptimizerV2": "sync_replicas.legacy",
+    "is_recoverable_error": "sync_replicas.errors",
+    "read_packed": "sync_replicas.reads",
+    "slim_train": "sync_replicas.slim",
+}
+
+__all__ = sorted(list(_HOMES) + ["__version__"])
+
+
+def __getattr__(name):
+  home = _HOMES.get(name)
+  if home is not None:
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # Later look-ups skip this function.
+    return value
+  # A submodule read as an attribute (``sync_replicas.cluster.free_ports``)
+  # worked when this file imported every module eagerly; it still does.
+  if not name.startswith("__"):
+    try:
+      return importlib.import_module("%s.%s" % (__name__, name))
+    except ModuleNotFoundError as e:
+      if e.name != "%s.%s" % (__name__, name):
+        raise
+  raise AttributeError("module 'sync_replicas' has no attribute %r" % name)
+
+
+def __dir__():
+  return sorted(set(globals()) | set(_HOMES))

@@ -163,3 +163,13 @@ def is_ref_variable(var):
   """
   dtype = getattr(var, "dtype", None)
   return dtype is not None and dtype != dtype.base_dtype
+
+
+#: Where TensorFlow defines stock's SyncReplicasOptimizer, and the generated
+#: API module behind ``tf.compat.v1.train`` (``tf.train`` under ``import
+#: tensorflow.compat.v1 as tf``): the two homes the opt-in patch
+#: (``sync_replicas.patch``) must find holding stock's class, or it refuses
+#: this TensorFlow's layout. The same from 2.15 to 2.21.
+STOCK_SYNC_REPLICAS_MODULE = (
+    "tensorflow.python.training.sync_replicas_optimizer")
+STOCK_SYNC_REPLICAS_API_MODULE = "tensorflow._api.v2.compat.v1.train"
