@@ -123,17 +123,18 @@ def log_final(args, step):
         flush=True)
 
 
-def wait_for_chief(target, uninitialized, config):
-  """Polls until ``uninitialized`` comes back empty, every POLL_SECS for at
-  most WAIT_FOR_CHIEF_SECS.
+def wait_for_chief(target, config):
+  """Polls until the chief has initialized the model's variables, every
+  POLL_SECS for at most WAIT_FOR_CHIEF_SECS.
 
-  ``uninitialized`` lists the uninitialized *global* variables: this
-  worker's own local ones (the optimizer's local step among them) are its
-  session manager's to initialize, after this wait.
-
-  The wait ends when the chief has run its init op; it fails, naming what
-  it waited for, if the chief never does.
+  Looks at the global variables of the default graph, which must not be
+  finalized yet: this worker's local ones (the optimizer's local step among
+  them) are its session manager's to initialize, after this wait. The wait
+  ends when the chief's init op has run; it fails, naming what it waited
+  for, if the chief never runs it.
   """
+  uninitialized = tf.compat.v1.report_uninitialized_variables(
+      tf.compat.v1.global_variables())
   print("waiting for the chief to initialize the model", flush=True)
   deadline = time.monotonic() + WAIT_FOR_CHIEF_SECS
   with tf.compat.v1.Session(target, config=config) as sess:

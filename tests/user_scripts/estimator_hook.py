@@ -67,7 +67,9 @@ def main(argv=None):
       v1.train.GradientDescentOptimizer(args.learning_rate),
       replicas_to_aggregate=num_workers, total_num_replicas=num_workers)
   digits_cluster.describe(opt)
-  sync_hook = opt.make_session_run_hook(is_chief)
+  # No initial tokens: the first update waits for a gradient from each
+  # worker (the default lets the chief make it, and more, alone).
+  sync_hook = opt.make_session_run_hook(is_chief, num_tokens=0)
 
   def model_fn(features, labels, mode):
     loss = digits_cluster.softmax_loss(features, labels)
@@ -92,9 +94,7 @@ def main(argv=None):
                                                   worker_device=device)):
       global_step = v1.train.get_or_create_global_step()
     if not is_chief:
-      digits_cluster.wait_for_chief(
-          server.target, v1.report_uninitialized_variables([global_step]),
-          session_config)
+      digits_cluster.wait_for_chief(server.target, session_config)
     model = estimator.Estimator(model_fn=model_fn, config=run_config)
     model.train(input_fn, hooks=[sync_hook], max_steps=args.train_steps)
     with v1.Session(server.target, config=session_config) as sess:

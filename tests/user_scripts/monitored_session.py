@@ -43,10 +43,10 @@ def main(argv=None):
 
   config = digits_cluster.session_config(args)
   if not is_chief:
-    digits_cluster.wait_for_chief(
-        server.target, tf.compat.v1.report_uninitialized_variables(
-            tf.compat.v1.global_variables()), config)
-  hooks = [opt.make_session_run_hook(is_chief),
+    digits_cluster.wait_for_chief(server.target, config)
+  # No initial tokens: the first update waits for a gradient from each
+  # worker (the default lets the chief make it, and more, alone).
+  hooks = [opt.make_session_run_hook(is_chief, num_tokens=0),
            tf.compat.v1.train.StopAtStepHook(last_step=args.train_steps)]
   feed = digits_cluster.batches(images_np, labels_np,
                                 batch_size=args.batch_size,

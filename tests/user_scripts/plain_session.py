@@ -44,15 +44,16 @@ def main(argv=None):
     train_op = opt.minimize(loss, global_step=global_step)
     init_op = v1.global_variables_initializer()
     local_init_op = v1.local_variables_initializer()
-    init_tokens_op = opt.get_init_tokens_op()
+    # No initial tokens: the first update waits for a gradient from each
+    # worker (the default lets the chief make it, and more, alone).
+    init_tokens_op = opt.get_init_tokens_op(num_tokens=0)
     chief_queue_runner = opt.get_chief_queue_runner()
-    uninitialized = v1.report_uninitialized_variables(v1.global_variables())
 
   config = digits_cluster.session_config(args)
   coord = v1.train.Coordinator()
   threads = []
   if not is_chief:
-    digits_cluster.wait_for_chief(server.target, uninitialized, config)
+    digits_cluster.wait_for_chief(server.target, config)
   with v1.Session(server.target, config=config) as sess:
     if is_chief:
       sess.run([init_op, local_init_op])

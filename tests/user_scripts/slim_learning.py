@@ -50,11 +50,10 @@ def main(argv=None):
     apply_op = opt.apply_gradients(grads, global_step=global_step)
     with tf.control_dependencies([apply_op]):
       train_tensor = tf.identity(loss, name="train_op")
-    uninitialized = tf.report_uninitialized_variables(tf.global_variables())
 
   config = digits_cluster.session_config(args)
   if not is_chief:
-    digits_cluster.wait_for_chief(server.target, uninitialized, config)
+    digits_cluster.wait_for_chief(server.target, config)
   slim.learning.train(
       train_tensor, logdir=args.logdir,
       master=server.target, is_chief=is_chief,

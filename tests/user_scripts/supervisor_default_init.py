@@ -66,17 +66,18 @@ def main(argv=None):
     with tf.control_dependencies([apply_op]):
       train_op = tf.identity(loss, name="train_op")
     chief_queue_runners = [opt.get_chief_queue_runner()]
-    init_tokens_op = opt.get_init_tokens_op()
+    # No initial tokens: the first update waits for a gradient from each
+    # worker (the default lets the chief make it, and more, alone).
+    init_tokens_op = opt.get_init_tokens_op(num_tokens=0)
     saver = tf.train.Saver()
-    uninitialized = tf.report_uninitialized_variables(tf.global_variables())
 
+  config = digits_cluster.session_config(args)
+  if not is_chief:
+    digits_cluster.wait_for_chief(server.target, config)
   sv = tf.train.Supervisor(
       is_chief=is_chief, logdir=args.logdir,
       init_op=tf.global_variables_initializer(), summary_op=None,
       global_step=global_step, saver=saver, save_model_secs=600)
-  config = digits_cluster.session_config(args)
-  if not is_chief:
-    digits_cluster.wait_for_chief(server.target, uninitialized, config)
   sess = sv.prepare_or_wait_for_session(server.target, config=config)
   sv.start_queue_runners(sess, tf.get_collection(tf.GraphKeys.QUEUE_RUNNERS))
   if is_chief:

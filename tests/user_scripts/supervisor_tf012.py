@@ -46,7 +46,9 @@ def main(argv=None):
     train_op = opt.minimize(loss, global_step=global_step)
     local_init_op = (opt.chief_init_op if is_chief
                      else opt.local_step_init_op)
-    init_tokens_op = opt.get_init_tokens_op()
+    # No initial tokens: the first update waits for a gradient from each
+    # worker (the default lets the chief make it, and more, alone).
+    init_tokens_op = opt.get_init_tokens_op(num_tokens=0)
     chief_queue_runner = opt.get_chief_queue_runner()
 
   sv = tf.train.Supervisor(
