@@ -105,7 +105,6 @@ EXPECTED = {  # file: (seconds, threads)
     "test_parity.py": (55, 460),
     "test_reads.py": (15, 290),
     "test_readme.py": (40, 10),  # 3 start orders of 4 processes: ~50 CPU-s.
-    "test_real_scripts.py": (120, 10),
     "test_recovery.py": (90, 10),
     "test_restart.py": (12, 1700),
     "test_scale_tool.py": (45, 10),
@@ -122,6 +121,7 @@ EXPECTED = {  # file: (seconds, threads)
     "test_test_runner.py": (1, 10),
     "test_tfjob.py": (5, 10),
     "test_two_optimizers.py": (3, 290),
+    "test_user_scripts.py": (90, 10),  # 10 clusters of 3 processes: ~140 CPU-s.
     "test_validation.py": (3, 10),
     "test_wheel.py": (50, 10),  # Its venv's cluster: 6 TensorFlow imports.
 }

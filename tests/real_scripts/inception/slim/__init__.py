@@ -1,1 +1,0 @@
-"""Stand-in for ``inception/slim`` (the slim bundled with Inception, not tf_slim)."""

@@ -1,1 +1,0 @@
-"""Stand-in package (see magenta/__init__.py)."""
