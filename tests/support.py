@@ -10,6 +10,7 @@ import importlib.machinery
 import importlib.util
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -300,6 +301,39 @@ class BoundedThread(threading.Thread):
     if self.error is not None:
       raise self.error
     return self.result
+
+
+class OutputLines:
+  """A process's output stream, read line by line in a bounded thread.
+
+  ``find`` waits (bounded) for a pattern and, when it times out, shows the
+  output so far; ``finish`` joins the reader once the stream has ended.
+  """
+
+  def __init__(self, stream):
+    self.lines = []
+    self._thread = BoundedThread(self._read, stream, name="output")
+    self._thread.start()
+
+  def _read(self, stream):
+    for line in iter(stream.readline, b""):
+      self.lines.append(line.decode(errors="replace"))
+
+  def text(self):
+    return "".join(self.lines)
+
+  def find(self, pattern, what, *, timeout):
+    try:
+      wait_until(lambda: re.search(pattern, self.text()), timeout=timeout,
+                 what=what, interval=0.1)
+    except AssertionError as e:
+      raise AssertionError("%s; the output so far:\n%s"
+                           % (e, self.text()[-4000:])) from None
+    return re.search(pattern, self.text())
+
+  def finish(self):
+    self._thread.finish(timeout=30)
+    return self.text()
 
 
 def run_concurrently(calls, timeout=30):

@@ -61,35 +61,6 @@ def _env(**extra):
   return env
 
 
-class _Output:
-  """Collects a process's output lines in a bounded thread."""
-
-  def __init__(self, proc):
-    self.lines = []
-    self._thread = support.BoundedThread(self._read, proc, name="output")
-    self._thread.start()
-
-  def _read(self, proc):
-    for line in iter(proc.stdout.readline, b""):
-      self.lines.append(line.decode(errors="replace"))
-
-  def text(self):
-    return "".join(self.lines)
-
-  def find(self, pattern, what, timeout):
-    try:
-      support.wait_until(lambda: re.search(pattern, self.text()),
-                         timeout=timeout, what=what, interval=0.1)
-    except AssertionError as e:
-      raise AssertionError("%s; the output so far:\n%s"
-                           % (e, self.text()[-4000:])) from None
-    return re.search(pattern, self.text())
-
-  def finish(self):
-    self._thread.finish(timeout=30)
-    return self.text()
-
-
 def _listens(port, pid="self"):
   """True if a socket listens on ``port`` in the network namespace of pid."""
   for table in ("tcp", "tcp6"):
@@ -126,7 +97,7 @@ def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
        sys.executable, "-c", _LISTENER], cwd=ROOT, env=_env(SLEEP="20"),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   try:
-    output = _Output(proc)
+    output = support.OutputLines(proc.stdout)
     pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
                           timeout=20).group(1))
     assert pid == proc.pid
@@ -280,7 +251,7 @@ def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
-      output = _Output(proc)
+      output = support.OutputLines(proc.stdout)
       confined = output.find(r"confined to a private (.+?) with only "
                              r"loopback.*--enter (\d+)", "the launch's "
                              "confined line", timeout=30)
@@ -343,7 +314,7 @@ def test_enter_refuses_a_pid_that_is_no_confined_launch(tmp_path):
       cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       start_new_session=True)
   try:
-    output = _Output(proc)
+    output = support.OutputLines(proc.stdout)
     output.find(r"started chief0", "the chief started", timeout=20)
     assert "unconfined: every task's port listens on all" in output.text()
     shared = subprocess.run(
@@ -390,7 +361,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
       cwd=ROOT, env=_env(SYNC_REPLICAS_DEMO_LOGDIR=str(logdir)),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   try:
-    output = _Output(proc)
+    output = support.OutputLines(proc.stdout)
     command = output.find(r"\[demo\] its sync state, from another terminal "
                           r"in \S+: (.*)\n", "the demo's status line",
                           timeout=30).group(1)

@@ -213,35 +213,6 @@ def test_a_port_out_of_range_is_one_line_and_exit_code_2(venv, tmp_path,
   assert not bad.stdout
 
 
-class _Output:
-  """A process's output lines, read by a bounded thread."""
-
-  def __init__(self, stream):
-    self.lines = []
-    self._thread = support.BoundedThread(self._read, stream, name="output")
-    self._thread.start()
-
-  def _read(self, stream):
-    for line in iter(stream.readline, b""):
-      self.lines.append(line.decode(errors="replace"))
-
-  def text(self):
-    return "".join(self.lines)
-
-  def find(self, pattern, what, *, timeout):
-    try:
-      support.wait_until(lambda: re.search(pattern, self.text()),
-                         timeout=timeout, what=what, interval=0.1)
-    except AssertionError as e:
-      raise AssertionError("%s; the output so far:\n%s"
-                           % (e, self.text()[-4000:])) from None
-    return re.search(pattern, self.text())
-
-  def finish(self):
-    self._thread.finish(timeout=30)
-    return self.text()
-
-
 def _start(venv, argv, cwd):
   return subprocess.Popen(argv, cwd=cwd, env=venv.env(),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -280,8 +251,8 @@ def test_launch_runs_the_demo_cluster_and_status_reads_it_live(venv,
   proc = _start(venv, launch, tmp_path)
   status_proc = None
   try:
-    output = _Output(proc.stdout)
-    errors = _Output(proc.stderr)
+    output = support.OutputLines(proc.stdout)
+    errors = support.OutputLines(proc.stderr)
     confined = output.find(r"\[launch\] (confined|unconfined)", "the "
                            "launch's first line", timeout=30)
     if confined.group(1) == "unconfined":
@@ -298,8 +269,8 @@ def test_launch_runs_the_demo_cluster_and_status_reads_it_live(venv,
         str(venv.bin / "sync-replicas-launch"), "--enter", str(pid), "--",
         str(venv.bin / "sync-replicas-status"), "--manifest", str(logdir),
         "--ps", "127.0.0.1:2222", "--watch", "--interval", "1"], tmp_path)
-    status = _Output(status_proc.stdout)
-    status_errors = _Output(status_proc.stderr)
+    status = support.OutputLines(status_proc.stdout)
+    status_errors = support.OutputLines(status_proc.stderr)
     status.find(r"(?s)(sync state at .*){2}", "two snapshots", timeout=120)
     status_code = _interrupt(status_proc)
     launch_code = _interrupt(proc, timeout=60)
