@@ -71,6 +71,13 @@ SESSION_CHECK_SECS = 0.5
 #: How long a blocking run of the sync op must have been under way before its
 #: session is closed (``RunInFlight``), in seconds.
 CANCEL_SETTLE_SECS = 0.25
+#: How long the close of a chief's session that is still being created waits
+#: for its first run (``_cancel_the_chiefs_runs``), and how often it looks.
+#: Hooks' session set-up (a checkpoint save) can take seconds on a loaded
+#: machine; past this the session is left open, its runs then end at the op
+#: timeout as before.
+FIRST_RUN_WAIT_SECS = 60
+FIRST_RUN_POLL_SECS = 0.05
 
 
 def _requested_error(coord):
@@ -97,11 +104,22 @@ def _recovering(coord):
   return error is not None and errors.is_recoverable_error(error)
 
 
-def _cancel_the_chiefs_runs(sess):
+def _cancel_the_chiefs_runs(sess, state, *, superseded,
+                            timeout=FIRST_RUN_WAIT_SECS):
   """Closes the chief's session: its run in flight, or its next one,
   raises at once, and MonitoredSession recovers on the coordinator's error
   (or, for a restart reported as a CancelledError, ends the process, as it
   would have after the wait).
+
+  Never while the session is still being created: MonitoredSession turns a
+  run's error into the coordinator's only inside a run, so a close during a
+  later hook's ``after_create_session`` (this loop starts in ours, and can
+  fail at once with a ps still down) raised that hook's CancelledError out
+  of MonitoredSession and ended the chief (CI's 2.15 soak). The close then
+  waits for the session's first run (``state.ran``), at most ``timeout``
+  seconds, and is skipped if the session closes meanwhile or a newer one
+  is followed (``superseded()``: its creation failed and MonitoredSession
+  made another).
 
   Only for a session our hook follows, so under a MonitoredSession, which
   recreates the session on that error anyway. The loop's take failed (a
@@ -113,6 +131,18 @@ def _cancel_the_chiefs_runs(sess):
   workers, waiting for tokens too, would die of theirs meanwhile (the CI
   soak saw it, TF 2.15). The recovered session's init tokens release them.
   """
+  if not state.ran:
+    _LOG.info("sync_replicas: the chief's session is still being created: "
+              "its close waits for its first run")
+    deadline = time.monotonic() + timeout
+    while not state.ran and time.monotonic() < deadline:
+      if _compat.session_closed(sess) or superseded():
+        return
+      time.sleep(FIRST_RUN_POLL_SECS)
+    if not state.ran:
+      _LOG.info("sync_replicas: no run of the chief's session in %d s: "
+                "left open", timeout)
+      return
   _LOG.info("sync_replicas: closing the chief's session, whose runs would "
             "otherwise wait for a token until the op timeout")
   sess.close()
@@ -122,13 +152,16 @@ class ChiefRunState:
   """What the chief's hook saw of its session's runs, for the runner's stop.
 
   ``in_run``: a run began and neither returned nor raised into the hook's
-  ``after_run`` yet; ``ended``: the hook's ``end()`` ran, which
+  ``after_run`` yet; ``ran``: a run began, so the session's creation (every
+  hook's ``after_create_session``) is over; ``ended``: the hook's ``end()``
+  ran, which
   MonitoredSession does only when training ends, never when it recreates
   the session after an error in a run.
   """
 
   def __init__(self):
     self.in_run = False
+    self.ran = False
     self.ended = False
 
 
@@ -506,7 +539,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                 "that recovers")
       runner_sess.close()
       if state is not None:
-        _cancel_the_chiefs_runs(sess)
+        # Forgotten above: any session still followed is a newer one.
+        _cancel_the_chiefs_runs(sess, state,
+                                superseded=lambda: bool(self._run_states))
       return
     if (state is not None and state.in_run and not state.ended
         and _requested_error(coord) is None):

@@ -120,7 +120,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
 
   def before_run(self, run_context):
     if self._run_state is not None:
-      self._run_state.in_run = True
+      self._run_state.in_run = self._run_state.ran = True
     fetches = {}
     if self._stats_logger is not None:
       fetches.update(self._stats_logger.fetches() or {})

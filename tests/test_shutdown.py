@@ -397,6 +397,58 @@ def test_a_loop_failure_while_the_chief_waits_for_a_token_recovers_at_once():
     assert sess.run(chief.global_step) == 1
 
 
+class _FailsDuringCreation(tf.compat.v1.train.SessionRunHook):
+  """Listed after the sync hook: in the first session's creation, stops the
+  coordinator as the loop does when a ps is still down, waits until the
+  runner has either closed the session (the bug) or said it waits for the
+  first run (the fix), then runs in the session, as a later hook may (the
+  soak's reads the global step)."""
+
+  def __init__(self, global_step, said):
+    self._global_step, self._said = global_step, said
+    self.sessions = 0
+
+  def after_create_session(self, session, coord):
+    self.sessions += 1
+    if self.sessions > 1:
+      return
+    _stop_as_the_runner_does(coord, tf.errors.UnavailableError(
+        None, None, "a ps is still down (test)"))
+    support.wait_until(
+        lambda: getattr(session, "_closed", False) or self._said(),
+        timeout=30, what="the runner's decision on the chief's session")
+    session.run(self._global_step)
+
+
+def test_a_loop_failure_while_the_session_is_created_closes_it_at_its_first_run(
+    caplog):
+  """CI's 2.15 soak: the chief's recreated session started its loop, which
+  failed at once (a ps still down), and the runner closed the session while
+  a later hook's after_create_session still ran in it: that hook's
+  CancelledError came out of MonitoredSession and the chief died. The close
+  now waits for the session's first run, which fails into the coordinator's
+  error, and MonitoredSession recovers."""
+  caplog.set_level(logging.INFO, logger="sync_replicas._runner")
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  chief = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
+  sessions = _SessionsMade()
+  failing = _FailsDuringCreation(
+      chief.global_step, lambda: "its close waits for its first run"
+      in caplog.text)
+  with chief.graph.as_default(), support.monitored_session(
+      chief.target, is_chief=True, hooks=[chief.hook, failing, sessions],
+      timeout_ms=WAIT_OUT_MS) as sess:
+
+    def recovered():
+      sess.run(chief.train_op)  # The close lands within a run or two.
+      return len(sessions.made) == 2
+    support.wait_until(recovered, timeout=RECOVERY_SECS,
+                       what="the chief's new session, after its first run")
+    assert failing.sessions == 2
+    assert "closing the chief's session" in caplog.text
+    sess.run(chief.train_op)
+
+
 @contextlib.contextmanager
 def _initialized_chief(session_cls=tf.compat.v1.Session):
   """A plain chief session, initialized, on a cluster of its own: yields
