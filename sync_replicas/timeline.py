@@ -174,6 +174,9 @@ def summary(updates, steps):
             1000 * statistics.median(s.token - s.pushed for s in mine), 3),
         "median_compute_ms": round(
             1000 * statistics.median(s.grads - s.began for s in mine), 3),
+        # From a token to the next run: the task's input and Python.
+        "median_between_runs_ms": round(1000 * statistics.median(
+            [b.began - a.token for a, b in zip(mine, mine[1:])] or [0.0]), 3),
     }
   return rows
 

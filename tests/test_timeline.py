@@ -319,13 +319,17 @@ def test_the_trace_of_a_cluster_names_its_slow_worker(tmp_path):
     if began:
       last[step] = name[max(began, key=lambda e: e["ts"])["pid"]]
   assert len(last) >= 8, (takes, rows)
-  slow = [s for s, task in last.items() if task == "worker-2"]
+  # The first updates wait for whichever worker started last (each starts
+  # after the chief, importing TensorFlow); from the 4th on, all three had
+  # pushed, and the slow one is what they wait for. Two thirds, not all: a
+  # fast worker descheduled for more than 0.25 s on a loaded machine is
+  # then the last for that update.
+  steady = {s: task for s, task in last.items() if s >= 4}
+  slow = [s for s, task in steady.items() if task == "worker-2"]
+  assert len(slow) * 3 >= len(steady) * 2, (last, rows)
   assert all(e["args"]["waited_for"] == "worker-2" for e in events
              if e["name"].startswith("update to step")
              and e["args"]["global_step"] in slow)
-  # Every update with worker-2's push waited for it; the first may have
-  # gone on the chief's init tokens before the others started.
-  assert len(slow) >= len(last) - 1, (last, rows)
   assert timeline.straggler(rows) == "worker-2"
   fast_wait = min(rows["worker-0"]["median_token_wait_ms"],
                   rows["worker-1"]["median_token_wait_ms"])
