@@ -160,9 +160,12 @@ def waited_for(updates, steps):
   return verdict
 
 
-def summary(updates, steps):
-  """Per task: updates waited for it last, steps, stale pushes, median wait."""
-  last = collections.Counter(waited_for(updates, steps).values())
+def summary(steps, last):
+  """Per task: updates waited for it last, steps, stale pushes, median wait.
+
+  ``last`` is ``waited_for``'s answer, computed once for this and the trace.
+  """
+  last = collections.Counter(last.values())
   rows = {}
   for task in sorted({s.task for s in steps}):
     mine = [s for s in steps if s.task == task]
@@ -188,8 +191,9 @@ def straggler(rows):
   return max(rows, key=lambda t: rows[t]["waited_for_last"])
 
 
-def chrome_trace(updates, steps, offsets):
-  """The trace as a dict, ready for ``json.dump``."""
+def chrome_trace(updates, steps, offsets, last):
+  """The trace as a dict, ready for ``json.dump`` (``last``: ``waited_for``'s
+  answer, put in each update's ``args.waited_for``)."""
   tasks = sorted({s.task for s in steps} | {u.task for u in updates})
   pid = {t: i + 1 for i, t in enumerate(tasks)}
   zero = min([s.began for s in steps] + [u.began for u in updates] or [0])
@@ -225,7 +229,6 @@ def chrome_trace(updates, steps, offsets):
     span("push (stale, dropped)" if s.stale else "push", s.task, 0, s.grads,
          s.pushed, args)
     span("wait for token", s.task, 0, s.pushed, s.token, args)
-  last = waited_for(updates, steps)
   for u in updates:
     args = {"global_step": u.step, "waited_for": last.get(u.step)}
     span("update to step %d" % u.step, u.task, 1, u.began, u.released, args)
@@ -297,10 +300,11 @@ def merge(directory, *, out=None, png=None, last=20):
   """Reads ``directory``, writes the trace (and PNG); returns the summary."""
   updates, steps, _ = read(directory)
   updates, steps, offsets = aligned(updates, steps)
-  rows = summary(updates, steps)
+  waited = waited_for(updates, steps)
+  rows = summary(steps, waited)
   if out:
     with open(out, "w", encoding="utf-8") as f:
-      json.dump(chrome_trace(updates, steps, offsets), f)
+      json.dump(chrome_trace(updates, steps, offsets, waited), f)
   if png:
     slow = straggler(rows)
     render(png, updates, steps, last=last,
