@@ -356,6 +356,13 @@ def _pending_and_tokens(chief):
     return tuple(sess.run([status.num_accumulated[0], status.tokens]))
 
 
+def _global_step(chief):
+  """The chief's global step, from a session of its own."""
+  with tf.compat.v1.Session(chief.target, graph=chief.graph,
+                            config=support.session_config()) as sess:
+    return sess.run(chief.global_step)
+
+
 def test_a_loop_failure_while_the_chief_waits_for_a_token_recovers_at_once():
   # The CI soak (2.15): ps 1 was killed while the chief's run, its push
   # done, waited for a token on ps 0. The loop's take failed on ps 1
@@ -394,7 +401,14 @@ def test_a_loop_failure_while_the_chief_waits_for_a_token_recovers_at_once():
     run.finish(timeout=WAIT_OUT_MS / 1000)
     for _ in range(2):
       sess.run(chief.train_op)
-    assert sess.run(chief.global_step) == 1
+    # Those runs returned on init tokens, so nothing waited for the update
+    # their 3 gradients make: the loop's thread applies it after the third
+    # push landed, and a read right away could come first (CI, loaded). The
+    # wait ends when the loop applied it; it never does if the recovered
+    # loop is not taking, the defect this test exists to catch.
+    support.wait_until(lambda: _global_step(chief) >= 1, timeout=30,
+                       what="the recovered loop's first update")
+    assert _global_step(chief) == 1
 
 
 class _FailsDuringCreation(tf.compat.v1.train.SessionRunHook):
