@@ -174,13 +174,6 @@ def _reason(error):
               type(error), type(error).__name__)
 
 
-def _decode(step, generation_stride):
-  """``(generation, plain step)`` of a generation-encoded step."""
-  if not generation_stride:
-    return 0, step
-  return step // generation_stride, step % generation_stride
-
-
 def manifest_devices(local_step_device, total_num_replicas):
   """The replica tasks of a job, from its manifest's local step device.
 
@@ -244,15 +237,15 @@ def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
   """
   if not local_steps:
     return ""
-  stride = _restart.GENERATION_STRIDE if generations else 0
-  generation = max((starts or 0) - 1, 0)
-  current = global_step + generation * stride
+  generation = _restart.generation_of(starts)
+  current = global_step + (
+      generation * _restart.GENERATION_STRIDE if generations else 0)
   shown, stale, fresh = [], [], []
   for reading in local_steps:
     if reading.step is None:
       shown.append("%s %s" % (reading.device, reading.error))
       continue
-    gen, plain = _decode(reading.step, stride)
+    gen, plain = _restart.decode(reading.step, generations)
     label = "%s %d" % (reading.device, plain)
     if gen != generation:
       label += " (generation %d, current %d)" % (gen, generation)

@@ -179,8 +179,29 @@ def _generation(starts):
   Without the floor, a script that never runs ``chief_init_op`` would read
   generation -1 and shift every token 2**32 below the accumulators' steps:
   every push stale, training stalled after the first update (issue 16).
+  ``generation_of`` is the same rule on a value read from the queue (the
+  stall diagnosis, tools): change one, change both.
   """
   return tf.maximum(starts - 1, 0, name="generation")
+
+
+def generation_of(starts):
+  """``_generation`` on a Python int: the generation of ``starts`` starts.
+
+  ``starts`` None (the queue could not be read) counts as no start.
+  """
+  return max((starts or 0) - 1, 0)
+
+
+def decode(step, encoded):
+  """``(generation, plain step)`` of a step; ``encoded``: it carries one.
+
+  The inverse of the offset ``Generations.encode`` adds to int64 steps;
+  int32 steps (``encoded`` False) carry no generation.
+  """
+  if not encoded:
+    return 0, step
+  return step // GENERATION_STRIDE, step % GENERATION_STRIDE
 
 
 def _offset(generation):
