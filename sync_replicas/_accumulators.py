@@ -95,7 +95,7 @@ def check_sparse_reduction(grads_and_vars, reduction):
 
 
 def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
-          sparse_reduction=_checks.ROW_MEAN):
+          sparse_reduction=_checks.ROW_MEAN, arrive=lambda grad: grad):
   """Creates the accumulator for one (gradient, variable) pair.
 
   Must be called inside the variable's device scope and the optimizer's name
@@ -111,6 +111,9 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
       ``_checks.SPARSE_REDUCTIONS`` (checked by ``check_sparse_reduction``);
       ``"sum"`` and ``"replica_mean"`` expect sorted, unique indices
       (``combine_duplicates``).
+    arrive: Applied, in the variable's device scope, to exactly what the
+      push receives (the statistics order it after their pre-push read
+      there: ``_stats.Statistics.order_gradient``).
 
   Returns:
     An ``AccumulatorOps``; ``take`` has the same kind as ``grad``.
@@ -119,27 +122,28 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
     accum = tf.compat.v1.ConditionalAccumulator(
         grad.dtype, shape=var.get_shape(),
         shared_name=shared_name(var, prefix))
-    push = accum.apply_grad(grad, local_step=local_step)
+    push = accum.apply_grad(arrive(grad), local_step=local_step)
     take = accum.take_grad(replicas_to_aggregate)
   elif sparse_reduction == _checks.ROW_MEAN:
     # Sparse accumulators learn the row shape from the first gradient, which
     # is why stock passes shape=() here.
     accum = tf.compat.v1.SparseConditionalAccumulator(
         grad.dtype, shape=(), shared_name=shared_name(var, prefix))
-    push = accum.apply_indexed_slices_grad(grad, local_step=local_step)
+    push = accum.apply_indexed_slices_grad(arrive(grad),
+                                           local_step=local_step)
     take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   else:
     return _build_sparse_sum(
         grad, var, local_step=local_step,
         replicas_to_aggregate=replicas_to_aggregate, prefix=prefix,
-        count_rows=sparse_reduction == REPLICA_MEAN)
+        count_rows=sparse_reduction == REPLICA_MEAN, arrive=arrive)
   return AccumulatorOps(accum, var.device, push, take, var.op.name,
                         shared_name(var, prefix), var.shape,
                         not _compat.is_dense_gradient(grad))
 
 
 def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
-                      count_rows):
+                      count_rows, arrive):
   """A SUM accumulator for ``"sum"``, or for ``"replica_mean"`` if counting.
 
   Counting appends a row of ones at index ``rows`` to every push. The take
@@ -163,7 +167,7 @@ def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
     shape = tf.TensorShape([rows + 1]).concatenate(shape[1:])
     with tf.compat.v1.name_scope("replica_mean"):
       grad = _append_count_row(grad, rows, var)
-  push = accum.apply_indexed_slices_grad(grad, local_step=local_step)
+  push = accum.apply_indexed_slices_grad(arrive(grad), local_step=local_step)
   take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   if count_rows:
     with tf.compat.v1.name_scope("replica_mean"):

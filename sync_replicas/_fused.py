@@ -49,11 +49,14 @@ def shared_name(name, group):
                                         group.dtype.name)
 
 
-def build(group, *, name, local_step, replicas_to_aggregate):
+def build(group, *, name, local_step, replicas_to_aggregate,
+          arrive=lambda packed: packed):
   """Builds one fused accumulator for ``group``.
 
   The concatenation is built in the caller's device scope (the worker), so
-  one tensor crosses to the ps; the split runs on the ps.
+  one tensor crosses to the ps; the split runs on the ps. ``arrive`` is
+  applied, on the ps, to what the push receives (the statistics order it
+  there after their pre-push read: ``_stats.Statistics.order_gradient``).
 
   Returns:
     ``(entry, averaged)``: an ``_accumulators.AccumulatorOps`` and the
@@ -67,7 +70,7 @@ def build(group, *, name, local_step, replicas_to_aggregate):
       accum = tf.compat.v1.ConditionalAccumulator(
           group.dtype, shape=[sum(sizes)],
           shared_name=shared_name(name, group))
-      push = accum.apply_grad(packed, local_step=local_step)
+      push = accum.apply_grad(arrive(packed), local_step=local_step)
       take = accum.take_grad(replicas_to_aggregate)
       averaged = _packing.split_to_shapes(
           take, [var.shape for _, var in group.pairs],

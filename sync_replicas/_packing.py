@@ -80,7 +80,7 @@ def split_to_shapes(packed, shapes, *, name):
 
 
 def move_packed(items, key, tensor_of, *, packed_on_group_device,
-                concat_name, split_name):
+                concat_name, split_name, arrive=lambda packed: packed):
   """Moves each group of tensors between two devices as one tensor.
 
   Groups ``items`` by ``key`` (a ``(device, dtype)`` pair, or None to leave
@@ -89,7 +89,8 @@ def move_packed(items, key, tensor_of, *, packed_on_group_device,
   concatenation back into their shapes. With ``packed_on_group_device`` the
   tensors are built and concatenated on the group's device and split in the
   caller's device scope (reads from a ps task); otherwise the reverse
-  (pushes to a ps task).
+  (pushes to a ps task). ``arrive`` is applied to each concatenation
+  where it is split, before the split.
 
   Returns:
     A list parallel to ``items``: each packed member's part, None for the
@@ -108,14 +109,14 @@ def move_packed(items, key, tensor_of, *, packed_on_group_device,
       tensors = [tensor_of(items[i]) for i in members]
       packed = tf.concat([flat(t) for t in tensors], axis=0, name=concat_name)
     with unpacking:
-      parts = split_to_shapes(packed, [t.shape for t in tensors],
+      parts = split_to_shapes(arrive(packed), [t.shape for t in tensors],
                               name=split_name)
     for i, part in zip(members, parts):
       routed[i] = part
   return routed
 
 
-def pack(grads_and_vars, *, scope):
+def pack(grads_and_vars, *, scope, arrive=lambda packed: packed):
   """Routes small dense gradients to each ps task as one tensor.
 
   Call in the worker's device scope (the concatenation runs there); the
@@ -125,6 +126,8 @@ def pack(grads_and_vars, *, scope):
     grads_and_vars: (gradient, variable) pairs; None and sparse gradients,
       and gradients of unknown or large shape, are left alone.
     scope: The name scope (ours, not stock's) for the ops this adds.
+    arrive: Applied on the ps to each concatenation before its split (the
+      statistics' ordering after their pre-push read).
 
   Returns:
     A list parallel to ``grads_and_vars``: for a packed gradient, its values
@@ -136,4 +139,4 @@ def pack(grads_and_vars, *, scope):
     return move_packed(grads_and_vars, _pack_key, lambda pair: pair[0],
                        packed_on_group_device=False,
                        concat_name="packed_gradients",
-                       split_name="unpacked_gradients")
+                       split_name="unpacked_gradients", arrive=arrive)

@@ -2,11 +2,12 @@
 
 Owns the worker-side half of ``apply_gradients``: which gradients share a
 fused accumulator (``fuse_dense_gradients``), the preparation of the others
-on the worker (combining sparse duplicates, the statistics' ordering), how
-they cross to the ps (packed with ``pack_gradient_transfers``, or each on
-its own as stock), and the per-variable accumulators with their pushes and
-takes. Each choice is a strategy with one method; ``build`` runs them in
-stock's build order, which fixes every op name.
+on the worker (combining sparse duplicates), how they cross to the ps (packed
+with ``pack_gradient_transfers``, or each on its own as stock), the
+statistics' ordering where they arrive (on the ps, so that no worker op
+waits for the ps before a push), and the per-variable accumulators with
+their pushes and takes. Each choice is a strategy with one method; ``build``
+runs them in stock's build order, which fixes every op name.
 """
 
 import collections
@@ -44,12 +45,13 @@ class FusedAccumulators:
       ``(averaged, routes)``: the averaged gradient of every fused variable
       by ``id(var)``, and the fused pushes and accumulators.
     """
-    fusable = [(stats.order_gradient(g), v) for g, v in grads_and_vars
+    fusable = [(g, v) for g, v in grads_and_vars
                if g is not None and _fused.fusable(g, v)]
     averaged, pushes, entries = {}, [], []
     for group in _fused.group_by_task(fusable):
       entry, grads = _fused.build(group, name=name, local_step=local_step,
-                                  replicas_to_aggregate=num_required)
+                                  replicas_to_aggregate=num_required,
+                                  arrive=stats.order_gradient)
       pushes.append(entry.push)
       entries.append(entry)
       for (_, var), grad in zip(group.pairs, grads):
@@ -60,18 +62,21 @@ class FusedAccumulators:
 class DirectTransfers:
   """Stock's transfers: each gradient crosses to its ps on its own."""
 
-  def route(self, prepared, variables, *, scope):
-    del variables, scope
+  def route(self, prepared, variables, *, scope, arrive):
+    del variables, scope, arrive
     return [None] * len(prepared)
 
 
 class PackedTransfers:
   """``pack_gradient_transfers``: small dense gradients cross as one tensor."""
 
-  def route(self, prepared, variables, *, scope):
-    """Returns each packed gradient's part on its ps, None for the others."""
+  def route(self, prepared, variables, *, scope, arrive):
+    """Returns each packed gradient's part on its ps, None for the others.
+
+    ``arrive`` is applied on the ps to each packed tensor, before its split.
+    """
     return _packing.pack(zip(prepared, variables),
-                         scope=scope + "packed_transfers/")
+                         scope=scope + "packed_transfers/", arrive=arrive)
 
 
 def fusion(options):
@@ -83,7 +88,7 @@ def transfers(options):
           else DirectTransfers())
 
 
-def _prepare(grads_and_vars, fused, *, stats, combine_sparse_duplicates):
+def _prepare(grads_and_vars, fused, *, combine_sparse_duplicates):
   """What each variable's own accumulator is pushed, prepared on the worker.
 
   None: fused, or passed through to the wrapped optimizer, as in stock.
@@ -96,8 +101,7 @@ def _prepare(grads_and_vars, fused, *, stats, combine_sparse_duplicates):
     if combine_sparse_duplicates and _compat.is_sparse_gradient(grad):
       # On the worker, so only the combined rows cross to the ps.
       grad = _accumulators.combine_duplicates(grad)
-    with tf.compat.v1.device(var.device):
-      prepared.append(stats.order_gradient(grad))
+    prepared.append(grad)
   return prepared
 
 
@@ -110,11 +114,12 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
   fused, routes = fusion(options).route(
       grads_and_vars, stats=stats, name=name, local_step=local_step,
       num_required=num_required)
-  prepared = _prepare(grads_and_vars, fused, stats=stats,
+  prepared = _prepare(grads_and_vars, fused,
                       combine_sparse_duplicates=(
                           options.combine_sparse_duplicates))
   variables = [var for _, var in grads_and_vars]
-  routed = transfers(options).route(prepared, variables, scope=scope)
+  routed = transfers(options).route(prepared, variables, scope=scope,
+                                    arrive=stats.order_gradient)
   for var, grad, on_ps in zip(variables, prepared, routed):
     if id(var) in fused:
       routes.aggregated.append((fused[id(var)], var))
@@ -123,10 +128,14 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
       if grad is None:
         routes.aggregated.append((None, var))  # Passed through, as in stock.
         continue
+      # A packed part was ordered before its split, once for its group;
+      # the others are ordered on their ps, as their push receives them.
       entry = _accumulators.build(
           on_ps if on_ps is not None else grad, var, local_step=local_step,
           replicas_to_aggregate=num_required, prefix=prefix,
-          sparse_reduction=options.sparse_reduction)
+          sparse_reduction=options.sparse_reduction,
+          arrive=(stats.order_gradient if on_ps is None
+                  else lambda part: part))
     routes.pushes.append(entry.push)
     routes.aggregated.append((entry.take, var))
     routes.accumulators.append(entry)

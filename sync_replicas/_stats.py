@@ -18,7 +18,7 @@ name changes; with ``statistics=False`` nothing here is built.
 
 Stale drops are counted exactly as the accumulator decides them, with one
 documented exception: a push is counted as dropped when the global step
-(generation-encoded), read after the worker's step began and before its first
+(generation-encoded), read after the worker's step began and before its
 push, is already past the worker's local step. Every accumulator's own step
 is at least the global step (the chief takes before it increments), so each
 counted drop is a real one. The only drop not counted is a push that reaches
@@ -26,6 +26,18 @@ the accumulator inside the chief's take-then-increment window for that same
 step (between its ``take_grad`` and the global step's increment,
 microseconds of graph execution): the count is a lower bound that is exact
 whenever no push races the chief's apply, as in every scripted scenario.
+
+Where the counting runs, and why: inside the round trips the protocol
+already makes. The global step is read, and compared with the local step a
+push carried, on the global step's ps; each push waits for that read where
+it arrives, on its own ps (``order_gradient``), so no worker op waits for a
+ps result before a push. The token's wait is timed on the ps
+around the dequeue, and the cluster counters are added there from ps
+values. The worker's own counters take one tensor that comes back with the
+token, and the train op follows them: nothing of ours runs between the
+pushes and the dequeue on the worker. A run that fails before its token
+(a closed queue at shutdown) therefore counts nothing, on the worker as on
+the cluster.
 """
 
 import collections
@@ -54,9 +66,10 @@ CHIEF_SCALARS = ("updates_applied", "gradients_per_update", "staleness_mean",
 _FLOAT = ("token_wait_secs", "token_wait_secs_last")
 
 # What a worker's push left for its token's bookkeeping, passed from
-# ``after_pushes`` to ``after_token``. ops: what the dequeue must follow;
-# stale_count: 1 if the push was certainly stale; staleness: by how many
-# steps; at: when the pushes landed.
+# ``after_pushes`` to ``after_token``, every tensor on the global step's ps.
+# ops: what the dequeue must follow (ps-local); stale_count: 1 if the push
+# was certainly stale; staleness: by how many steps; at: when the pushes
+# had landed.
 Pushed = collections.namedtuple("Pushed",
                                 ["ops", "stale_count", "staleness", "at"])
 
@@ -71,9 +84,10 @@ class Statistics:
   """The graph side of the statistics, built by ``apply_gradients``.
 
   Call order (it follows the train op's data flow): ``__init__`` before the
-  accumulators, ``order_gradient`` on each gradient before its push is
-  built, ``after_pushes`` before the token dequeue, ``after_token`` (given
-  what ``after_pushes`` returned) before the train op's assign,
+  accumulators, ``order_gradient`` on what each push receives, on its ps,
+  before the push is built, ``after_pushes`` before the token dequeue,
+  ``after_token`` (given what ``after_pushes`` returned) before the train
+  op's assign,
   ``count_update`` on the chief's sync op, and ``finish`` last.
   ``NoStatistics`` has the same methods and builds nothing.
   """
@@ -113,85 +127,124 @@ class Statistics:
             k: _variable(k, tf.float64 if k in _FLOAT else tf.int64, [])
             for k in CLUSTER_COUNTERS + ("updates_applied",) + (
                 ("deadline_updates",) if deadline_updates else ())}
-      with tf.compat.v1.device(self._worker_device), \
+      with tf.compat.v1.device(self._ps_device), \
           tf.compat.v1.name_scope("pre_push"):
-        # Both reads precede every push of this step (order_gradient), which
-        # is what makes "already past" a certain drop.
-        self._local_before = tf.cast(local_step.read_value(), tf.int64,
-                                     name="local_step")
+        # Read on the ps, where the comparison runs: the worker never waits
+        # for it. Every push of this step follows this read
+        # (order_gradient), which is what makes "already past" a certain
+        # drop.
         raw = tf.convert_to_tensor(global_step)
         self._global_before = tf.cast(raw, tf.int64, name="global_step")
         self._global_encoded = tf.cast(generations.encode(raw), tf.int64,
                                        name="global_step_encoded")
 
+  def _pushed_local_step(self, pushes):
+    """The local step this step's push carried, as an int64 on the ps.
+
+    A push on the global step's ps already brings it there (every
+    accumulator push takes ``local_step`` as its second input): using that
+    tensor adds no transfer, as TensorFlow sends a tensor once per device,
+    and compares exactly the value the accumulator judged. Without such a
+    push, a read of our own crosses beside the gradients; it is the same
+    value, as the local step changes only in the train op's last assign,
+    which follows the counts. Nothing on the worker waits for either.
+    """
+    for push in pushes:
+      carried = push.inputs[1] if len(push.inputs) > 1 else None
+      if (carried is not None and carried.dtype == tf.int64
+          and _same_task(push.device, self._ps_device)):
+        return carried
+    with self._under_scope(self._worker_device), \
+        tf.compat.v1.name_scope("pre_push"):
+      return tf.cast(self._local_step.read_value(), tf.int64,
+                     name="local_step")
+
   def _under_scope(self, device):
     return _in_scope(self._scope, device)
 
   def order_gradient(self, grad):
-    """``grad`` made to wait for the pre-push reads (same kind and values)."""
-    deps = [self._local_before, self._global_encoded, self._global_before]
+    """``grad`` made to wait for the pre-push read (same kind and values).
+
+    Call in the push's device scope (its ps), on what the push receives
+    there: the wait is then on the ps, for a read on the global step's ps,
+    and the worker sends its gradient without waiting for anything.
+    """
+    deps = [self._global_encoded, self._global_before]
     sparse = _compat.is_sparse_gradient(grad)
-    device = grad.values.device if sparse else grad.device
-    with self._under_scope(device), tf.control_dependencies(deps):
+    with self._under_scope(None), tf.control_dependencies(deps):
       if sparse:
         return tf.IndexedSlices(tf.identity(grad.values, name="ordered_grad"),
                                 grad.indices, grad.dense_shape)
       return tf.identity(grad, name="ordered_grad")
 
   def after_pushes(self, pushes):
-    """Counts this step's push.
+    """Decides this step's push's staleness and times its end, on the ps.
 
     Returns:
-      A ``Pushed``: ``ops`` the token dequeue must follow, and what
-      ``after_token`` needs.
+      A ``Pushed``: ``ops`` the token dequeue must follow (a timestamp on
+      the dequeue's own device), and what ``after_token`` needs.
     """
-    with self._under_scope(self._worker_device), \
-        tf.control_dependencies(pushes):
-      stale = self._global_encoded > self._local_before
+    local_before = self._pushed_local_step(pushes)
+    with self._under_scope(self._ps_device):
+      stale = self._global_encoded > local_before
       stale_count = tf.cast(stale, tf.int64)
       # The local step carries the restart generation above 2**32; compare
       # plain steps for how far behind the gradient was.
-      plain_local = self._local_before
+      plain_local = local_before
       if self._generations.enabled:
         plain_local = tf.math.floormod(plain_local,
                                        _restart.GENERATION_STRIDE)
       staleness = tf.where(
           stale, tf.maximum(self._global_before - plain_local, 1),
           tf.zeros([], tf.int64))
-      w = self._worker
-      counted = tf.group(
-          w["gradients_pushed"].assign_add(1),
-          w["gradients_dropped_stale"].assign_add(stale_count),
-          w["staleness_max"].assign(tf.maximum(w["staleness_max"],
-                                               staleness)),
-          name="count_push")
-      with tf.control_dependencies([counted]):
+      # On the dequeue's device, so the dequeue's wait for it is local: the
+      # token's wait starts once every push landed, as the ps saw it.
+      with tf.control_dependencies(pushes):
         pushed_at = tf.timestamp(name="pushed_at")
-    return Pushed([counted, pushed_at], stale_count, staleness, pushed_at)
+    return Pushed([pushed_at], stale_count, staleness, pushed_at)
 
   def after_token(self, token, pushed):
-    """Counts the token and the wait; returns ops the train op follows.
+    """Counts the push, the token and the wait; returns ops the train op
+    follows.
 
     Args:
       token: The token dequeued.
       pushed: What ``after_pushes`` returned.
     """
-    with self._under_scope(self._worker_device), \
+    with self._under_scope(self._ps_device), \
         tf.control_dependencies([token]):
       wait = tf.timestamp(name="token_at") - pushed.at
-      w, c = self._worker, self._cluster
-      return [tf.group(
-          w["tokens_taken"].assign_add(1),
-          w["token_wait_secs"].assign_add(wait),
-          w["token_wait_secs_last"].assign(wait),
-          # The cluster counts move only once a token arrived: tokens exist
-          # only after the chief's init op initialized these counters, and a
-          # non-chief may push before that.
+      c = self._cluster
+      # The cluster counts move only once a token arrived: tokens exist
+      # only after the chief's init op initialized these counters, and a
+      # non-chief may push before that.
+      cluster = tf.group(
           c["gradients_pushed"].assign_add(1),
           c["gradients_dropped_stale"].assign_add(pushed.stale_count),
           c["staleness_sum"].assign_add(pushed.staleness),
           c["tokens_taken"].assign_add(1),
           c["token_wait_secs"].assign_add(wait),
+          name="count_cluster")
+      with tf.control_dependencies([cluster]):
+        # One tensor back to the worker, beside the token, for its own
+        # counters (float64 holds these counts exactly); it also carries
+        # the cluster counts' completion, so the train op follows them.
+        for_worker = tf.stack([tf.cast(pushed.stale_count, tf.float64),
+                               tf.cast(pushed.staleness, tf.float64), wait],
+                              name="for_worker")
+    with self._under_scope(self._worker_device):
+      stale_count, staleness, wait = tf.unstack(for_worker)
+      stale_count = tf.cast(stale_count, tf.int64)
+      staleness = tf.cast(staleness, tf.int64)
+      w = self._worker
+      return [tf.group(
+          w["gradients_pushed"].assign_add(1),
+          w["gradients_dropped_stale"].assign_add(stale_count),
+          w["staleness_max"].assign(tf.maximum(w["staleness_max"],
+                                               staleness)),
+          w["tokens_taken"].assign_add(1),
+          w["token_wait_secs"].assign_add(wait),
+          w["token_wait_secs_last"].assign(wait),
           name="count_token")]
 
   def count_update(self, sync_op, by_deadline=None):
@@ -323,6 +376,13 @@ class NoStatistics:
 def build(enabled, **kwargs):
   """``Statistics(**kwargs)`` if ``enabled``, else a ``NoStatistics``."""
   return Statistics(**kwargs) if enabled else NoStatistics()
+
+
+def _same_task(a, b):
+  """Whether device strings ``a`` and ``b`` name the same task."""
+  a, b = tf.DeviceSpec.from_string(a), tf.DeviceSpec.from_string(b)
+  return ((a.job, a.replica or 0, a.task or 0)
+          == (b.job, b.replica or 0, b.task or 0))
 
 
 @contextlib.contextmanager

@@ -122,6 +122,67 @@ def test_statistics_keep_stock_graph_and_add_only_status_ops(use_resource):
                                                    stock_train.device)
 
 
+def _device(op):
+  """Where ``op`` runs: an op on a resource runs beside it (the placer's
+  rule), so a read of a worker's local step is on the worker."""
+  for t in op.inputs:
+    if t.dtype == tf.resource:
+      return _device(t.op)
+  return op.device.split("/device:")[0]
+
+
+def _cross_device_hops(graph):
+  """Each op's most device changes along a path from a root (data or
+  control edges): 2 for a push fed by a gradient computed on the worker
+  from a variable read on the ps."""
+  hops = {}
+  for op in graph.get_operations():  # Built in topological order.
+    hops[op] = max([hops[i] + (_device(i) != _device(op))
+                    for i in [t.op for t in op.inputs] + op.control_inputs],
+                   default=0)
+  return hops
+
+
+def _pushes_and_dequeue(graph):
+  return [op for op in graph.get_operations()
+          if "ApplyGradient" in op.type or op.type == "QueueDequeueV2"]
+
+
+@pytest.mark.parametrize("options", [
+    {}, dict(fuse_dense_gradients=True), dict(pack_gradient_transfers=False),
+    dict(one_gradient_per_worker=True, worker_index=1)],
+                         ids=["packed", "fused", "unpacked", "per_worker"])
+def test_statistics_add_no_round_trip_before_pushes_or_dequeue(options):
+  """Issue 31: the counting runs inside the round trips the protocol makes.
+  With statistics on, no push and no token dequeue is further from the
+  step's start, in device changes, than with statistics off, and none waits
+  for an op of ours on the worker that itself waited for the ps."""
+  def built(**more):
+    graph, _ = test_graph_parity._build_graph(  # pylint: disable=protected-access
+        functools.partial(support.OURS, **options, **more),
+        use_resource=True, variable_averages=False)
+    hops = _cross_device_hops(graph)
+    return graph, {op.name: hops[op] for op in _pushes_and_dequeue(graph)}
+
+  _, off = built()
+  graph, on = built(statistics=True)
+  assert on == off
+  hops = _cross_device_hops(graph)
+  waits = set()
+  todo = _pushes_and_dequeue(graph)
+  while todo:
+    op = todo.pop()
+    for i in [t.op for t in op.inputs] + op.control_inputs:
+      if i not in waits:
+        waits.add(i)
+        todo.append(i)
+  ours_on_worker_after_ps = sorted(
+      op.name for op in waits if op.name.startswith("sync_replicas_status/")
+      and "/job:worker" in _device(op) and hops[op] > 0
+      and "packed_transfers/" not in op.name)  # The gradients' own packing.
+  assert not ours_on_worker_after_ps
+
+
 def test_statistics_off_builds_nothing(graph):
   off, _ = test_graph_parity._build(  # pylint: disable=protected-access
       support.OURS, use_resource=True, variable_averages=False)
