@@ -74,12 +74,25 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
       [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios",
        "many,many_packed_reads", "--workers", "1", "--reps", "1",
        "--impls", "stock,ours", "--secs", "0.5", "--grace", "1",
+       "--variant", 'fused={"fuse_dense_gradients": true}',
        "--out", str(out)],
       capture_output=True, text=True, timeout=240, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = {e["scenario"]: e for e in map(
       json.loads, (out / "summary.jsonl").read_text().splitlines())}
   assert sorted(summary) == ["many", "many_packed_reads"]
+  # The variant ran as ours built with its options, and only it did.
+  built = {}
+  for line in (out / "tasks" / "records.jsonl").read_text().splitlines():
+    run = json.loads(line)
+    for record in run["records"]:
+      built.setdefault(run["impl"], []).append(record["optimizer_options"])
+  assert built == {"stock": [{}, {}], "ours": [{}, {}],
+                   "fused": [{"fuse_dense_gradients": True}] * 2}, built
+  fused = summary["many"]["variants"]["fused"]
+  assert fused["vs_ours_grads"] == (summary["many"]["fused_grads_per_s"] /
+                                    summary["many"]["ours_grads_per_s"])
+  assert "fused        many" in (out / "table.txt").read_text()
   # Both models read every variable: the floor is measured for each.
   assert all(e["read_ms_p50"] > 0 for e in summary.values()), summary
   cross = summary["many_packed_reads"]["ours_vs_stock_plain_reads_grads"]
@@ -284,3 +297,57 @@ def test_op_timeout_reaches_every_run_and_is_checked(tmp_path, monkeypatch,
       cluster={}, scenario="small", impl="ours", replicas=1, options={},
       secs=1.0, warmup=0.2, stop_file="/tmp/stop")
   assert spec.op_timeout_secs == 120.0
+
+
+def test_a_variant_is_ours_with_its_options_reported_against_ours(
+    tmp_path, monkeypatch, capsys):
+  bench = support.load_tool("bench")
+  seen = []
+  grads = iter([100, 90, 120, 100, 95, 110])  # ours, var, ours, var, ...
+
+  def run_once(pool, scenario, impl, **kwargs):
+    seen.append((impl, kwargs["options"]))
+    record = _record(50)
+    speed = next(grads) / 100  # This run's speed, against _record's.
+    record["steps_at"] = [(101 + (t - 101) / speed, s)
+                          for t, s in record["steps_at"]]
+    return [record]
+
+  monkeypatch.setattr(bench._bench_pool, "Pool", _FakePool)
+  monkeypatch.setattr(bench._bench_pool, "run_once", run_once)
+  argv = ["--scenarios", "small", "--workers", "1", "--reps", "3",
+          "--impls", "ours", "--options", '{"statistics_log_steps": 0}',
+          "--out", str(tmp_path)]
+  assert bench.main(argv + ["--variant", 'st={"statistics": true}']) == 0
+  # Rotated like any implementation; the tasks see ours, with both options.
+  both = {"statistics_log_steps": 0, "statistics": True}
+  assert seen == [("ours", {"statistics_log_steps": 0}), ("ours", both),
+                  ("ours", both), ("ours", {"statistics_log_steps": 0}),
+                  ("ours", {"statistics_log_steps": 0}), ("ours", both)]
+  runs = [json.loads(line) for line in
+          (tmp_path / "runs.jsonl").read_text().splitlines()]
+  assert [r["impl"] for r in runs] == ["ours", "st", "st", "ours", "ours",
+                                       "st"]
+  assert runs[1]["options"] == both
+  (entry,) = [json.loads(line) for line in
+              (tmp_path / "summary.jsonl").read_text().splitlines()]
+  variant = entry["variants"]["st"]
+  by_rep = {}
+  for r in runs:
+    by_rep.setdefault(r["rep"], {})[r["impl"]] = r["metrics"]["grads_per_s"]
+  ratios = sorted(m["st"] / m["ours"] for m in by_rep.values())
+  assert ratios[0] < 1 < ratios[-1], ratios  # About 0.9, 1.16 and 1.2.
+  # Three repetitions: the median, and the whole range at 75%.
+  assert variant["reps"] == 3
+  assert variant["vs_ours_grads"] == ratios[1]
+  assert variant["vs_ours_grads_interval"] == [ratios[0], ratios[-1]]
+  assert variant["vs_ours_grads_coverage"] == 0.75
+  assert variant["vs_ours_verdict"] == "equal within noise"
+  assert "st           small" in (tmp_path / "table.txt").read_text()
+
+  for bad, why in (("st", "NAME=JSON"), ("st=[1]", "NAME=JSON"),
+                   ("st={bad", "NAME=JSON"), ("ours={}", "identifier"),
+                   ("9x={}", "identifier")):
+    with pytest.raises(SystemExit):
+      bench.main(argv + ["--variant", bad])
+    assert why in capsys.readouterr().err, bad

@@ -117,6 +117,27 @@ def serve_spec(argument):
   return ServeSpec(**json.loads(argument))
 
 
+def parse_variant(text):
+  """``(name, options)`` of a ``NAME=JSON`` variant (tools/bench --variant).
+
+  Raises ValueError, saying what was expected, unless NAME is an identifier
+  other than IMPLS' and JSON an object of keyword options for ours.
+  """
+  name, sep, options = text.partition("=")
+  try:
+    options = json.loads(options) if sep else None
+  except ValueError:
+    options = None
+  if not isinstance(options, dict):
+    raise ValueError(
+        "--variant takes NAME=JSON with a JSON object of options for ours, "
+        "e.g. 'fused={\"fuse_dense_gradients\": true}'; got %r" % text)
+  if not name.isidentifier() or name in IMPLS:
+    raise ValueError("--variant %r: its NAME must be an identifier, used "
+                     "once, and none of %s" % (text, IMPLS))
+  return name, options
+
+
 def command(name, spec=None):
   """The command ``name``; ``run`` carries the fields of ``spec``."""
   message = {CMD: name}

@@ -143,6 +143,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.001)
     stop_hook = _StopAtStep(last_step=_UNSET)
     hooks = [stop_hook]
+    kwargs = {}
     if impl != "async":
       cls = (tf.compat.v1.train.SyncReplicasOptimizer if impl == "stock"
              else sync_replicas.SyncReplicasOptimizer)
@@ -254,6 +255,9 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       # CPU the rest of the machine used while this worker trained (after
       # its first step), in cores: the noise the run saw.
       "other_cores": _other_cores(cpu_at_first, cpu_at_last),
+      # The keyword options the optimizer was built with: what the run
+      # measured (a variant's options reach the constructor, or nothing).
+      "optimizer_options": kwargs,
   }
 
 

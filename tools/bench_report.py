@@ -146,6 +146,22 @@ def verdict(interval):
   return "equal within noise"
 
 
+def _judged(ratios):
+  """``(median, [low, high], coverage, verdict)`` of per-rep ``ratios``.
+
+  Nones for no ratios; interval, coverage and verdict None for one.
+  """
+  interval = median_interval(ratios)
+  return (statistics.median(ratios) if ratios else None,
+          list(interval[:2]) if interval else None,
+          interval[2] if interval else None, verdict(interval))
+
+
+def _fmt(value, form="%.2f"):
+  """``value`` in ``form``, or "-" for None (a cell with nothing to show)."""
+  return (form % value) if value is not None else "-"
+
+
 def summarize(rows):
   """Median ratios per (scenario, W) over repetitions.
 
@@ -157,9 +173,12 @@ def summarize(rows):
     One dict per (scenario, W), in SCENARIOS order then by W: medians of
     every metric per implementation (``<impl>_<metric>``), medians of
     per-repetition ratios (``ours_vs_stock_grads`` and friends), the
-    interval of ours/stock, its coverage and verdict.
+    interval of ours/stock, its coverage and verdict; and for every variant
+    (an ``impl`` not in IMPLS: ours with other options, tools/bench's
+    --variant) ``variants[name]``, its ratios to ours the same way.
   """
   out = []
+  variants = sorted({r["impl"] for r in rows} - set(IMPLS))
   keys = sorted({(r["scenario"], r["workers"]) for r in rows},
                 key=lambda k: (SCENARIOS.index(k[0]), k[1]))
   for scenario, workers in keys:
@@ -172,7 +191,7 @@ def summarize(rows):
                    "step_ms_p95", "chief_close_s", "first_step_s",
                    "peak_rss_mb", "ps_peak_rss_mb", "read_ms_p50",
                    "chief_cpu_ms_per_update"):
-      for impl in IMPLS:
+      for impl in IMPLS + variants:
         vals = [m[impl][metric] for m in reps.values()
                 if impl in m and m[impl].get(metric) is not None]
         if vals:
@@ -193,19 +212,28 @@ def summarize(rows):
     entry["other_cores"] = statistics.median(other) if other else None
     entry["other_cores_max"] = max(other) if other else None
     entry["ours_vs_stock_steps"] = ratio("ours", "stock", "global_steps_per_s")
-    grads = ratios("ours", "stock", "grads_per_s")
-    entry["ours_vs_stock_grads"] = statistics.median(grads) if grads else None
     # Where the median ratio lies, and so whether a cell under 1.0 is a
     # regression or this machine's noise (per-rep ratios of identical graphs
     # spread +-20% here).
-    interval = median_interval(grads)
-    entry["ours_vs_stock_grads_interval"] = (
-        list(interval[:2]) if interval else None)
-    entry["ours_vs_stock_grads_coverage"] = interval[2] if interval else None
-    entry["ours_vs_stock_verdict"] = verdict(interval)
+    (entry["ours_vs_stock_grads"], entry["ours_vs_stock_grads_interval"],
+     entry["ours_vs_stock_grads_coverage"],
+     entry["ours_vs_stock_verdict"]) = _judged(
+         ratios("ours", "stock", "grads_per_s"))
     entry["ours_sync_vs_async_grads"] = ratio("ours", "async", "grads_per_s")
     entry["stock_sync_vs_async_grads"] = ratio("stock", "async",
                                                "grads_per_s")
+    entry["variants"] = {}
+    for name in variants:
+      vs_ours = ratios(name, "ours", "grads_per_s")
+      if not vs_ours:
+        continue
+      variant = dict(zip(("vs_ours_grads", "vs_ours_grads_interval",
+                          "vs_ours_grads_coverage", "vs_ours_verdict"),
+                         _judged(vs_ours)))
+      variant["vs_ours_steps"] = ratio(name, "ours", "global_steps_per_s")
+      variant["vs_stock_grads"] = ratio(name, "stock", "grads_per_s")
+      variant["reps"] = len(vs_ours)
+      entry["variants"][name] = variant
     plain = PACKED_READS.get(scenario)
     if plain is not None:
       # Same rep, same W: the two scenarios' runs are minutes apart at most.
@@ -229,29 +257,29 @@ def table(summary):
       "interval", "o/s stps", "ours/asy", "p50 stk/ours", "close stk/o",
       "reads ms"))
   lines = [head, "-" * len(head)]
-  fmt = lambda v, f="%.2f": (f % v) if v is not None else "-"
   for e in summary:
     interval = e.get("ours_vs_stock_grads_interval")
     lines.append("%-17s %2d %10s %10s %10s %8s %11s %8s %8s %14s %12s %8s" % (
         e["scenario"], e["workers"],
-        fmt(e.get("stock_grads_per_s"), "%.1f"),
-        fmt(e.get("ours_grads_per_s"), "%.1f"),
-        fmt(e.get("async_grads_per_s"), "%.1f"),
-        fmt(e["ours_vs_stock_grads"]),
+        _fmt(e.get("stock_grads_per_s"), "%.1f"),
+        _fmt(e.get("ours_grads_per_s"), "%.1f"),
+        _fmt(e.get("async_grads_per_s"), "%.1f"),
+        _fmt(e["ours_vs_stock_grads"]),
         "%.2f-%.2f" % tuple(interval) if interval else "-",
-        fmt(e["ours_vs_stock_steps"]),
-        fmt(e["ours_sync_vs_async_grads"]),
-        "%s/%s" % (fmt(e.get("stock_step_ms_p50"), "%.1f"),
-                   fmt(e.get("ours_step_ms_p50"), "%.1f")),
-        "%s/%s" % (fmt(e.get("stock_chief_close_s"), "%.1f"),
-                   fmt(e.get("ours_chief_close_s"), "%.2f")),
-        fmt(e.get("read_ms_p50"), "%.1f")))
+        _fmt(e["ours_vs_stock_steps"]),
+        _fmt(e["ours_sync_vs_async_grads"]),
+        "%s/%s" % (_fmt(e.get("stock_step_ms_p50"), "%.1f"),
+                   _fmt(e.get("ours_step_ms_p50"), "%.1f")),
+        "%s/%s" % (_fmt(e.get("stock_chief_close_s"), "%.1f"),
+                   _fmt(e.get("ours_chief_close_s"), "%.2f")),
+        _fmt(e.get("read_ms_p50"), "%.1f")))
   for e in summary:
     if e.get("ours_vs_stock_plain_reads_grads") is not None:
       lines.append(
           "ours on %s / stock on %s, W=%d: %.2f (gradients/s)" % (
               e["scenario"], PACKED_READS[e["scenario"]], e["workers"],
               e["ours_vs_stock_plain_reads_grads"]))
+  lines += _variant_lines(summary)
   judged = [e for e in summary if e.get("ours_vs_stock_verdict")]
   if judged:
     coverages = sorted({round(e["ours_vs_stock_grads_coverage"] * 100)
@@ -276,6 +304,28 @@ def table(summary):
             max(e["other_cores_max"] for e in summary
                 if e.get("other_cores_max") is not None)))
   return "\n".join(lines)
+
+
+def _variant_lines(summary):
+  """The variants against ours, a line per (variant, scenario, W)."""
+  rows = [(name, e, v) for e in summary
+          for name, v in sorted(e.get("variants", {}).items())]
+  if not rows:
+    return []
+  head = "%-12s %-17s %2s %10s %11s %5s %9s %10s %-18s" % (
+      "variant", "scenario", "W", "var/ours", "interval", "cover",
+      "v/o steps", "var/stock", "verdict vs ours")
+  lines = ["", head, "-" * len(head)]
+  for name, e, v in rows:
+    interval = v["vs_ours_grads_interval"]
+    lines.append("%-12s %-17s %2d %10s %11s %5s %9s %10s %-18s" % (
+        name, e["scenario"], e["workers"], _fmt(v["vs_ours_grads"]),
+        "%.2f-%.2f" % tuple(interval) if interval else "-",
+        ("%d%%" % round(v["vs_ours_grads_coverage"] * 100)
+         if v["vs_ours_grads_coverage"] else "-"),
+        _fmt(v["vs_ours_steps"]), _fmt(v["vs_stock_grads"]),
+        v["vs_ours_verdict"] or "(one repetition)"))
+  return lines + [""]
 
 
 def plot(summary, path):
