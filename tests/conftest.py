@@ -31,6 +31,10 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _RUN_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(
     os.getpid())
 
+# Every process a test starts imports TensorFlow without Keras, which none of
+# them uses (tests/_hidden_from_tasks says what that saves); this one keeps it.
+support.hide_from_tasks()
+
 
 def pytest_configure(config):
   # Registered here rather than in setup.cfg: tools/_env.sh reinstalls every
@@ -148,15 +152,8 @@ def pytest_runtest_makereport(item, call):
   report.sections.append(("task logs", text))
 
 
-def _threads_now():
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("Threads:"):
-          return int(line.split()[1])
-  except OSError:
-    pass
-  return 0
+#: tools/_proc.py, which the test scheduler reads its processes' threads with.
+_threads_now = support.load_tool("_proc.py").threads
 
 
 #: file name -> [threads when its first test began, peak after any test].

@@ -9,6 +9,7 @@ is applied, which is how the test checks that only fresh gradients were.
 """
 
 import faulthandler
+import functools
 import json
 import os
 import signal
@@ -27,6 +28,13 @@ STEP_MASK = (1 << 32) - 1  # Plain step from a generation-encoded local step.
 # (longer than pytest-timeout, so only an orphan ever gets there).
 PS_LIFETIME_SECS = 600
 HOLD_TIMEOUT_SECS = 150  # Longer than any restart the test waits for.
+#: How often a worker's session manager looks again for the chief's init
+#: (stock's default naps 30 s). A worker whose first look, or whose look
+#: after a ps restart, comes before the chief (re)initialized the variables
+#: naps that long while the chief trains on alone: the wait decided nothing
+#: the tests check, it only took 30 s of wall time (and kept that worker out
+#: of training). 1 s is TF 0.12's recipe (``recovery_wait_secs=1``).
+RECOVERY_WAIT_SECS = 1
 
 
 def _emit(path, **record):
@@ -130,6 +138,12 @@ def main(argv):
   tf.get_logger().setLevel("INFO")
   # MonitoredTrainingSession needs graph mode; a TF2 program starts eager.
   tf.compat.v1.disable_eager_execution()
+  # MonitoredTrainingSession gives no way to pass recovery_wait_secs to the
+  # session manager its worker session creator builds (at every session,
+  # the recreated ones included): this changes the default it uses.
+  manager = tf.compat.v1.train.SessionManager
+  manager.__init__ = functools.partialmethod(
+      manager.__init__, recovery_wait_secs=RECOVERY_WAIT_SECS)
   if spec["job"] == "ps":
     cluster = tf.train.ClusterSpec(spec["cluster"])
     tf.distribute.Server(cluster, job_name="ps", task_index=spec["task"])

@@ -50,16 +50,45 @@ def pythonpath(*dirs, environ=None):
   return os.pathsep.join([str(d) for d in dirs] + inherited)
 
 
-def without_hidden(environ=None):
-  """A copy of the environment with HIDDEN off PYTHONPATH: real sklearn."""
+#: What conftest.py puts first on the PYTHONPATH of every process a test
+#: starts (not on pytest's own): a stub ``keras`` that fails to import, so
+#: that a task's ``import tensorflow`` skips Keras, which no task uses.
+TASKS_HIDDEN = pathlib.Path(__file__).resolve().parent / "_hidden_from_tasks"
+
+
+def hide_from_tasks():
+  """Puts TASKS_HIDDEN first on the PYTHONPATH this process's children get.
+
+  Only children: this process has imported TensorFlow, and Keras with it,
+  already. Called once, by conftest.py.
+  """
+  kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+          if p and pathlib.Path(p).resolve() != TASKS_HIDDEN]
+  os.environ["PYTHONPATH"] = os.pathsep.join([str(TASKS_HIDDEN)] + kept)
+
+
+def _off_pythonpath(folder, environ):
   env = dict(os.environ if environ is None else environ)
   kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-          if p and pathlib.Path(p).resolve() != HIDDEN]
+          if p and pathlib.Path(p).resolve() != folder]
   if kept:
     env["PYTHONPATH"] = os.pathsep.join(kept)
   else:
     env.pop("PYTHONPATH", None)
   return env
+
+
+def without_hidden(environ=None):
+  """A copy of the environment with HIDDEN off PYTHONPATH: real sklearn."""
+  return _off_pythonpath(HIDDEN, environ)
+
+
+def with_keras(environ=None):
+  """A copy of the environment with TASKS_HIDDEN off PYTHONPATH: real Keras.
+
+  For a child that needs Keras: the Estimator (TensorFlow 2.15) imports it.
+  """
+  return _off_pythonpath(TASKS_HIDDEN, environ)
 
 
 def load_tool(name):

@@ -240,8 +240,10 @@ def test_one_replica_gives_stocks_numbers(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(240)
 def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-             PYTHONPATH=support.pythonpath(ROOT))
+  # The Estimator imports Keras, which the tests' children lack otherwise.
+  env = support.with_keras(dict(
+      os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+      PYTHONPATH=support.pythonpath(ROOT)))
   env.pop("TF_CONFIG", None)
   env.pop("SYNC_REPLICAS_BACKUPS", None)
   cmd = [sys.executable, str(ROOT / "tools" / "launch"), "--ps", "1",

@@ -42,11 +42,12 @@ def _env():
 
 
 
-def _launch(cluster_args, module, *argv, timeout=150):
+def _launch(cluster_args, module, *argv, timeout=150, env=None):
   """Runs ``module`` under tools/launch; returns its output, checks exit 0."""
   cmd = [sys.executable, str(LAUNCH), *cluster_args, "--timeout",
          str(timeout), "--", sys.executable, "-m", module, *argv]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env or _env(),
+                          stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True)
   try:
     out, _ = proc.communicate(timeout=timeout + 30)
@@ -85,13 +86,20 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   # chief said where it is. The slowed replica (worker-1, replica 2) waits
   # 30 ms for each batch, between its runs: that much at least, whatever
   # the load (which replicas train most, and whose pushes are stale, is
-  # timing: the chief may train alone before the others join).
+  # timing: the chief may train alone before the others join). How many
+  # runs it gets is timing too: with the backup nobody waits for it, and
+  # on a loaded machine it once joined so late that training ended after
+  # its first run, which leaves no time between runs to measure. Finding
+  # the slow worker from a trace, every time, is test_timeline's cluster
+  # test (no backup there, so every update waits for it).
   assert "timeline written to %s" % (tmp_path / "timeline") in out
   rows = timeline.merge(str(tmp_path / "timeline"),
                         out=str(tmp_path / "trace.json"),
                         png=str(tmp_path / "last.png"))
   assert set(rows) == {"chief-0", "worker-0", "worker-1"}, rows
-  assert rows["worker-1"]["median_between_runs_ms"] >= 30.0, rows
+  assert rows["worker-1"]["steps"] >= 1, rows
+  if rows["worker-1"]["steps"] >= 2:
+    assert rows["worker-1"]["median_between_runs_ms"] >= 30.0, rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -146,9 +154,10 @@ def test_sparse_clicks_learns_through_sparse_accumulators(tmp_path):
     "with SYNC_REPLICAS_TF='tensorflow-cpu==2.15.*' SYNC_REPLICAS_VENV="
     ".venv-215" % tf.__version__))
 def test_estimator_learns_with_the_hook_in_train(tmp_path):
+  # The Estimator imports Keras, which the tests' children lack otherwise.
   out = _launch(["--ps", "1", "--workers", "2", "--backup", "1"],
                 "examples.digits_estimator", "--steps", "100", "--logdir",
-                str(tmp_path))
+                str(tmp_path), env=support.with_keras(_env()))
   assert _final_accuracy(out) > 0.8, out[-4000:]
   assert "[worker0] replica 1 done" in out
   assert (tmp_path / "sync_manifest.json").is_file()

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import support
 import sync_replicas
 
 PACKAGE = pathlib.Path(sync_replicas.__file__).parent
@@ -98,8 +99,10 @@ def test_import_makes_no_deprecation_warnings_of_its_own():
       "bad = [str(w.message) for w in caught] + "
       "[m for m in records if 'deprecat' in m.lower()]\n"
       "assert not bad, bad\n")
+  # With Keras, as in a user's process (the tests' children lack it).
   result = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                          text=True, timeout=120, check=False)
+                          text=True, timeout=120, check=False,
+                          env=support.with_keras())
   assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -135,13 +138,39 @@ def test_our_code_paths_print_no_deprecation_warning():
   A fresh process, since TensorFlow prints each warning once per process."""
   done = subprocess.run([sys.executable, "-c", _QUIET_RUN],
                         capture_output=True, text=True, timeout=240,
-                        cwd=PACKAGE.parent)
+                        cwd=PACKAGE.parent, env=support.with_keras())
   assert done.returncode == 0, done.stderr[-3000:]
   ours = [line for line in done.stderr.splitlines()
           if "deprecated" in line and str(PACKAGE) in line]
   assert not ours, "\n".join(ours)
   # Stock's unused readiness tensor is logged as "never used" at exit.
   assert "Object was never used" not in done.stderr, done.stderr[-3000:]
+
+
+def test_the_tests_children_import_tensorflow_without_keras():
+  """tests/_hidden_from_tasks: what a test starts skips Keras, which no task
+  uses; pytest's own process keeps it (test_keras and test_validation use
+  it), and support.with_keras() gives it back to a child that needs it."""
+  code = ("import sys\n"
+          "import tensorflow as tf\n"
+          "print(tf.compat.v1.train.GradientDescentOptimizer.__name__)\n"
+          "try:\n"
+          "  import keras\n"
+          "except ImportError as e:\n"
+          "  print(e)\n"
+          "print('keras' in sys.modules)\n")
+  run = lambda env: subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True,
+      timeout=120, check=False, env=env)
+  hidden, shown = run(None), run(support.with_keras())
+  assert hidden.returncode == 0, hidden.stderr[-3000:]
+  assert hidden.stdout.split("\n")[0] == "GradientDescentOptimizer"
+  assert "keras is hidden in the processes the test suite starts" in (
+      hidden.stdout)
+  assert hidden.stdout.split()[-1] == "False", hidden.stdout
+  assert shown.returncode == 0, shown.stderr[-3000:]
+  assert shown.stdout.split()[-1] == "True", shown.stdout
+  assert "keras" in sys.modules
 
 
 #: Underscore names that are public API (namedtuples'; os._exit, which the

@@ -87,7 +87,7 @@ LN10 = math.log(10)
 class Task:
   """One process of a cluster, its output in a file (no pipe to fill)."""
 
-  def __init__(self, name, argv, *, impl, log_dir):
+  def __init__(self, name, argv, *, impl, log_dir, keras=False):
     self.name = name
     self.log = log_dir / ("%s-%s.log" % (impl, name))
     # The project's root for ``examples._digits``; a script finds its
@@ -95,6 +95,8 @@ class Task:
     # both put the script's folder first on sys.path.
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=support.pythonpath(ROOT))
+    if keras:  # The Estimator imports Keras, hidden from the tests' children.
+      env = support.with_keras(env)
     with open(self.log, "wb") as out:
       # coreutils' timeout stays in the task's process group: a kill of the
       # group (kill_group) reaches both; it exits with the task's code.
@@ -134,12 +136,14 @@ class Task:
 class Cluster:
   """Processes started in order; every one is killed on exit, whatever happened."""
 
-  def __init__(self, impl, log_dir):
+  def __init__(self, impl, log_dir, *, keras=False):
     self.impl, self.log_dir, self.tasks = impl, log_dir, {}
+    self.keras = keras
     log_dir.mkdir(parents=True, exist_ok=True)
 
   def start(self, name, *argv):
-    self.tasks[name] = Task(name, argv, impl=self.impl, log_dir=self.log_dir)
+    self.tasks[name] = Task(name, argv, impl=self.impl, log_dir=self.log_dir,
+                             keras=self.keras)
     return self.tasks[name]
 
   def wait_exit(self, names, *, timeout):
@@ -233,12 +237,16 @@ def _let_stock_chief_finish(chief):
     pass  # Still in its grace period, not asserted: the Cluster kills it.
 
 
+#: The scripts whose processes need Keras (the Estimator imports it).
+KERAS_SCRIPTS = {"estimator_hook.py"}
+
+
 def _run_cluster(script, impl, tmp_path):
   """Runs ``script`` as 1 ps and 2 workers with ``impl``; returns a Run."""
   flags = ["--ps_hosts=" + _hosts(1), "--worker_hosts=" + _hosts(2),
            "--train_steps=%d" % TRAIN_STEPS,
            "--logdir=%s" % (tmp_path / "logdir")]
-  with Cluster(impl, tmp_path) as cluster:
+  with Cluster(impl, tmp_path, keras=script in KERAS_SCRIPTS) as cluster:
     ps = cluster.start("ps", *_command(impl, script, "--job_name=ps",
                                        "--task_index=0", *flags))
     worker1 = cluster.start("worker1", *_command(

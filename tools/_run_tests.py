@@ -46,6 +46,7 @@ import time
 import xml.etree.ElementTree as ET
 
 import _by_path
+import _proc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -204,14 +205,7 @@ class Job:
 
   def threads(self):
     """The process's current thread count (0 once it has exited)."""
-    try:
-      with open("/proc/%d/status" % self.proc.pid) as f:
-        for line in f:
-          if line.startswith("Threads:"):
-            return int(line.split()[1])
-    except OSError:
-      pass
-    return 0
+    return _proc.threads(self.proc.pid)
 
   def poll(self):
     """Samples threads; returns True once the process has ended."""
