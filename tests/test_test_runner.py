@@ -452,3 +452,35 @@ def test_every_knockout_patch_still_applies(capsys):
   named = {t.split("::")[0] for row in knockout.TABLE for t in row.tests}
   assert not [n for n in named if not (support.TOOLS.parent / "tests" / n)
               .exists()], named
+
+
+def test_under_load_runs_the_command_while_a_hog_spins(tmp_path):
+  # tools/under_load is how docs/testing.md's loaded runs were made: its
+  # claim is that the hog really took CPU while each run ran, and that a
+  # failed run is counted and its output kept.
+  status = tmp_path / "status"
+
+  def under_load(times, exit_status, logs):
+    # The command sleeps a little and exits with ``exit_status``.
+    status.write_text(str(exit_status))
+    return subprocess.run(
+        [sys.executable, str(support.TOOLS / "under_load"), "--times",
+         str(times), "--logs", str(tmp_path / logs), "--", sys.executable,
+         "-c", "import sys, time; time.sleep(1.5); "
+         "sys.exit(int(open(sys.argv[1]).read()))", str(status)],
+        capture_output=True, text=True, timeout=120, check=False)
+
+  proc = under_load(2, 0, "ok")
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  runs = [l for l in proc.stdout.splitlines() if l.startswith("run ")]
+  assert len(runs) == 2 and "0 of 2 run(s) failed" in proc.stdout
+  # The hog's share depends on what else runs (0.05 cores beside a whole
+  # suite, near 1 on a quiet machine), but a runnable process gets some
+  # CPU within 1.5 s under Linux's fair scheduler; with no hog it is 0.00.
+  used = [float(l.split("hog used ")[1].split()[0]) for l in runs]
+  assert min(used) > 0, proc.stdout
+  proc = under_load(1, 3, "bad")
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  assert "run 1: exit 3" in proc.stdout and "1 of 1 run(s) failed" in \
+      proc.stdout
+  assert (tmp_path / "bad" / "run-1.log").exists()
