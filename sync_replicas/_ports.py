@@ -6,9 +6,11 @@ process that imported TensorFlow runs threads); tools/ load this file by its
 path.
 """
 
+import collections
 import os
 import random
 import socket
+import threading
 
 LOOPBACK = "127.0.0.1"
 #: ``LOW-HIGH`` (HIGH excluded): where ``free_ports`` draws from, when set.
@@ -17,6 +19,14 @@ LOOPBACK = "127.0.0.1"
 #: server binds it (CI once lost a real-script test to that: "Could not
 #: start gRPC server" for a port another process had just drawn too).
 PORT_RANGE_ENV = "SYNC_REPLICAS_PORT_RANGE"
+
+#: Ports this process handed out lately, skipped by ``free_ports``: until a
+#: server binds one it still tests free, so two clusters started side by
+#: side from one process (stock's and ours, in the tests) could otherwise
+#: draw the same port and one server fail to bind ("Could not start gRPC
+#: server", seen in CI). Bounded, so a long-lived process never runs out.
+_HANDED_OUT = collections.deque(maxlen=1024)
+_HANDED_OUT_LOCK = threading.Lock()
 
 
 def _ephemeral_range():
@@ -59,23 +69,30 @@ def free_ports(count, *, rng=None):
   the kernel hands out on its own (the ephemeral range, used by every
   outgoing gRPC connection) could be taken in that window, and TensorFlow
   aborts the whole process when a server cannot bind; so the ports are drawn
-  at random from below that range, where only explicit binds land.
+  at random from below that range, where only explicit binds land, and
+  never one this process handed out lately (another call's server may not
+  have bound it yet).
   """
   rng = rng or random.SystemRandom()
   floor, low = draw_range()
   chosen = []
-  for _ in range(count * 200):
-    if len(chosen) == count:
-      break
-    port = rng.randrange(floor, low)
-    if port in chosen:
-      continue
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-      try:
-        sock.bind((LOOPBACK, port))
-      except OSError:
+  with _HANDED_OUT_LOCK:
+    # At most half a small range is kept out, so it never runs dry.
+    recent = set(list(_HANDED_OUT)[-((low - floor) // 2):]) if (
+        low - floor >= 2) else set()
+    for _ in range(count * 200):
+      if len(chosen) == count:
+        break
+      port = rng.randrange(floor, low)
+      if port in chosen or port in recent:
         continue
-    chosen.append(port)
+      with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+          sock.bind((LOOPBACK, port))
+        except OSError:
+          continue
+      chosen.append(port)
+    _HANDED_OUT.extend(chosen)
   if len(chosen) < count:
     raise RuntimeError(
         "found only %d free ports of %d in [%d, %d) on %s; free some ports "
