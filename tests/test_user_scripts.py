@@ -133,6 +133,10 @@ class Task:
     support.kill_group(self.proc)
 
 
+class _ClusterTaskFailed(Exception):
+  """A task of the cluster exited non-zero while others were waited for."""
+
+
 class Cluster:
   """Processes started in order; every one is killed on exit, whatever happened."""
 
@@ -150,7 +154,9 @@ class Cluster:
     """Waits for every task in ``names`` to exit; returns their exit codes.
 
     Ends when they all exited, or fails after ``timeout`` seconds with the
-    logs of those still running.
+    logs of those still running, or at once with every log when another
+    task of the cluster failed (a chief that could not start leaves the
+    others waiting for its init until the timeout).
     """
     tasks = [self.tasks[n] for n in names]
 
@@ -158,11 +164,18 @@ class Cluster:
       # Every task is polled, so each one's exit time is recorded when it
       # happens (to within the poll interval), not when it is first asked.
       codes = {n: t.poll() for n, t in self.tasks.items()}
+      failed = {n: c for n, c in codes.items()
+                if n not in names and c not in (None, 0)}
+      if failed:
+        raise _ClusterTaskFailed("%s failed while waiting for %s to exit" % (
+            failed, ", ".join(names)))
       return all(codes[t.name] is not None for t in tasks)
     try:
       support.wait_until(done,
                          timeout=timeout, what="%s to exit" % ", ".join(names),
                          interval=0.2)
+    except _ClusterTaskFailed as e:
+      raise AssertionError("%s\n%s" % (e, self.logs())) from None
     except AssertionError as e:
       raise AssertionError("%s\n%s" % (e, self.logs(names))) from None
     return {t.name: t.poll() for t in tasks}
