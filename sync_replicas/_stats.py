@@ -33,9 +33,10 @@ push carried, on the global step's ps; each push waits for that read where
 it arrives, on its own ps (``order_gradient``), so no worker op waits for a
 ps result before a push. The token's wait is timed on the ps
 around the dequeue, and the cluster counters are added there from ps
-values. The worker's own counters take one tensor that comes back with the
-token, and the train op follows them: nothing of ours runs between the
-pushes and the dequeue on the worker. A run that fails before its token
+values. The token and the worker's counts come back to the worker as one
+tensor, which the train op's assign reads the token from: statistics add
+no transfer, and nothing of ours runs between the pushes and the dequeue on
+the worker. A run that fails before its token
 (a closed queue at shutdown) therefore counts nothing, on the worker as on
 the cluster.
 """
@@ -169,7 +170,10 @@ class Statistics:
     there: the wait is then on the ps, for a read on the global step's ps,
     and the worker sends its gradient without waiting for anything.
     """
-    deps = [self._global_encoded, self._global_before]
+    # The encoded step is computed from the read, so waiting for it waits
+    # for both: one control edge, which crosses tasks for a push on another
+    # ps than the global step's (a transfer of its own each).
+    deps = [self._global_encoded]
     sparse = _compat.is_sparse_gradient(grad)
     with self._under_scope(None), tf.control_dependencies(deps):
       if sparse:
@@ -204,16 +208,26 @@ class Statistics:
     return Pushed([pushed_at], stale_count, staleness, pushed_at)
 
   def after_token(self, token, pushed):
-    """Counts the push, the token and the wait; returns ops the train op
-    follows.
+    """Counts the push, the token and the wait; hands the worker its token.
+
+    The token and the worker's counts cross to the worker as one tensor, so
+    statistics add no transfer to the step: the train op's assign reads the
+    token out of it (the one rewiring of a stock op's input that statistics
+    make, checked by test_graph_parity). The tensor is made after the
+    cluster counts, so the assign follows those too without a cross-task
+    control edge (which would be a transfer of its own).
 
     Args:
       token: The token dequeued.
       pushed: What ``after_pushes`` returned.
+
+    Returns:
+      ``(token, ops)``: the token for the train op's assign (on the worker,
+      same dtype and value as ``token``) and the ops that assign follows.
     """
-    with self._under_scope(self._ps_device), \
-        tf.control_dependencies([token]):
-      wait = tf.timestamp(name="token_at") - pushed.at
+    with self._under_scope(self._ps_device):
+      with tf.control_dependencies([token]):
+        wait = tf.timestamp(name="token_at") - pushed.at
       c = self._cluster
       # The cluster counts move only once a token arrived: tokens exist
       # only after the chief's init op initialized these counters, and a
@@ -226,18 +240,19 @@ class Statistics:
           c["token_wait_secs"].assign_add(wait),
           name="count_cluster")
       with tf.control_dependencies([cluster]):
-        # One tensor back to the worker, beside the token, for its own
-        # counters (float64 holds these counts exactly); it also carries
-        # the cluster counts' completion, so the train op follows them.
-        for_worker = tf.stack([tf.cast(pushed.stale_count, tf.float64),
-                               tf.cast(pushed.staleness, tf.float64), wait],
-                              name="for_worker")
+        # int64 throughout: the token may carry a generation above 2**53,
+        # and the wait's float64 bits travel unchanged.
+        carried = tf.stack([tf.cast(token, tf.int64), pushed.stale_count,
+                            pushed.staleness,
+                            tf.bitcast(wait, tf.int64)],
+                           name="token_and_counts")
     with self._under_scope(self._worker_device):
-      stale_count, staleness, wait = tf.unstack(for_worker)
-      stale_count = tf.cast(stale_count, tf.int64)
-      staleness = tf.cast(staleness, tf.int64)
+      step, stale_count, staleness, wait_bits = tf.unstack(carried)
+      wait = tf.bitcast(wait_bits, tf.float64)
+      if token.dtype != tf.int64:
+        step = tf.cast(step, token.dtype)
       w = self._worker
-      return [tf.group(
+      return step, [tf.group(
           w["gradients_pushed"].assign_add(1),
           w["gradients_dropped_stale"].assign_add(stale_count),
           w["staleness_max"].assign(tf.maximum(w["staleness_max"],
@@ -356,8 +371,8 @@ class NoStatistics:
     return Pushed([], None, None, None)
 
   def after_token(self, token, pushed):
-    del token, pushed
-    return []
+    del pushed
+    return token, []
 
   def count_update(self, sync_op, by_deadline=None):
     del by_deadline

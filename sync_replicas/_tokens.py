@@ -247,10 +247,17 @@ class PerWorkerTokens(SharedTokens):
 
   def take(self, after, local_step):
     own = self._worker_queues[self._worker_index]
+    # The step the gradients were pushed with, read outside the dequeue's
+    # wait: the local step changes only in the train op's last assign, so
+    # it is the same value, and a read made to follow the pushes would have
+    # the worker wait for the ps (one control edge per push task) before
+    # its dequeue is even sent.
+    with tf.compat.v1.name_scope(self._scope):
+      pushed_at = tf.identity(local_step)
     with tf.control_dependencies(after):
       token = own.dequeue()
-      with tf.compat.v1.name_scope(self._scope):
-        return newer_token(own, token, tf.identity(local_step))
+    with tf.compat.v1.name_scope(self._scope):
+      return newer_token(own, token, pushed_at)
 
   def release(self, global_step, *, encode):
     with tf.compat.v1.name_scope(self._scope):

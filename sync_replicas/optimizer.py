@@ -471,8 +471,9 @@ class _Build:
     # Workers wait for a token only after all their pushes landed.
     pushed = self.stats.after_pushes(self.routes.pushes)
     token = self.tokens.take(self.routes.pushes + pushed.ops, self.local_step)
-    with tf.control_dependencies(self.stats.after_token(token, pushed)):
-      train_op = tf.compat.v1.assign(self.local_step, token)
+    step, counted = self.stats.after_token(token, pushed)
+    with tf.control_dependencies(counted):
+      train_op = tf.compat.v1.assign(self.local_step, step)
     self.timeline.worker(self.gradients, self.routes.pushes, token,
                          self.local_step, train_op=train_op)
     return train_op

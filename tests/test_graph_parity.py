@@ -54,11 +54,13 @@ def _unflat(tensor):
   return tensor.op.inputs[0] if tensor.op.type == "Reshape" else tensor
 
 
-def _is_packed_part(stock_input, our_input):
+def _is_packed_part(stock_input, our_input, *, through=0):
   """``our_input`` is the part of a packed transfer that carried stock's.
 
   Its split (ours, on the ps) cut the worker's concatenation, whose part
   at the same place is stock's gradient (each flattened, reshaped back).
+  ``through``: how many ops of ours (Identity) stand between the split and
+  the concatenation.
   """
   part = _unflat(our_input)
   split = part.op
@@ -66,24 +68,77 @@ def _is_packed_part(stock_input, our_input):
       OWN_SCOPE + "packed_transfers/"):
     return False
   concat = split.inputs[0].op
+  for _ in range(through):
+    if concat.type != "Identity":
+      return False
+    concat = concat.inputs[0].op
   return (concat.type == "ConcatV2"
           and _unflat(concat.inputs[part.value_index]).name
           == stock_input.name)
 
 
-def _documented(op, index, stock_input, our_input):
+#: (op type, data input) where ``statistics=True`` gives a stock push its
+#: gradient (dense, or a sparse one's values) through ``ordered_grad``: on
+#: the ps, after the global step's read that makes a counted drop certain
+#: (docs/operations.md, "Sync statistics").
+ORDERED_GRADIENT_INPUTS = PACKED_GRADIENT_INPUTS | {
+    ("SparseAccumulatorApplyGradient", 3)}
+#: (op type, data input) where ``statistics=True`` gives the worker's local
+#: step assign its token out of the one tensor that brings the token and the
+#: worker's counts back from the ps.
+CARRIED_TOKEN_INPUTS = {("AssignVariableOp", 1), ("Assign", 1)}
+
+
+def _is_ordered(stock_input, our_input):
+  """``our_input`` is stock's gradient, or a packed part of it, made to wait
+  for the statistics' read (one Identity of ours, ``ordered_grad``)."""
+  ordered = our_input.op
+  if ordered.type == "Identity" and ordered.name.startswith(
+      OWN_SCOPE + "ordered_grad"):
+    return ordered.inputs[0].name == stock_input.name
+  part = _unflat(our_input)
+  split = part.op
+  if split.type != "SplitV":
+    return False
+  return _is_packed_part(stock_input, our_input) or (
+      split.inputs[0].op.name.startswith(OWN_SCOPE + "ordered_grad")
+      and _is_packed_part(stock_input, our_input, through=1))
+
+
+def _is_carried_token(stock_input, our_input):
+  """``our_input`` is stock's token, unstacked on the worker from our
+  ``token_and_counts`` (element 0)."""
+  unstack = our_input.op
+  if unstack.type != "Unpack" or our_input.value_index != 0:
+    return False
+  carried = unstack.inputs[0].op
+  return (carried.type == "Pack"
+          and carried.name == OWN_SCOPE + "token_and_counts"
+          and carried.inputs[0].name == stock_input.name)
+
+
+def _documented(op, index, stock_input, our_input, *, statistics=False):
   """Whether ours' ``index``-th input of stock's ``op`` is a documented
-  rewiring of stock's ``stock_input``."""
+  rewiring of stock's ``stock_input``; ``statistics``: also the two that
+  ``statistics=True`` makes."""
   if not our_input.name.startswith(OWN_SCOPE):
     return False
-  if (op.type, index) in ENCODED_STEP_INPUTS:
-    return _is_encoded(stock_input, our_input)
-  if (op.type, index) in PACKED_GRADIENT_INPUTS:
-    return _is_packed_part(stock_input, our_input)
+  key = (op.type, index)
+  if key in ENCODED_STEP_INPUTS and _is_encoded(stock_input, our_input):
+    return True
+  if key in PACKED_GRADIENT_INPUTS and _is_packed_part(stock_input,
+                                                        our_input):
+    return True
+  if statistics:
+    if key in ORDERED_GRADIENT_INPUTS and _is_ordered(stock_input, our_input):
+      return True
+    if key in CARRIED_TOKEN_INPUTS and _is_carried_token(stock_input,
+                                                         our_input):
+      return True
   return False
 
 
-def _rewired(stock, ours):
+def _rewired(stock, ours, *, statistics=False):
   """Stock ops that ours wires otherwise than stock and than documented.
 
   Data inputs must be stock's, in order, but for ``_documented`` ones;
@@ -103,7 +158,8 @@ def _rewired(stock, ours):
           op.name, len(mine.inputs), len(op.inputs)))
       continue
     for i, (theirs, our) in enumerate(zip(op.inputs, mine.inputs)):
-      if theirs.name != our.name and not _documented(op, i, theirs, our):
+      if theirs.name != our.name and not _documented(
+          op, i, theirs, our, statistics=statistics):
         found.append("%s (%s) input %d: %s, stock %s" % (
             op.name, op.type, i, our.name, theirs.name))
     theirs = {c.name for c in op.control_inputs}
@@ -293,3 +349,25 @@ def test_unpacked_transfers_are_stock_routes():
   rewired = _rewired(_build_many(support.STOCK), ours)
   assert not rewired, "stock ops wired otherwise in ours:\n%s" % (
       "\n".join(rewired[:40]))
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_statistics_rewire_only_the_pushes_gradients_and_the_token(pack):
+  """statistics=True: every stock op is there, wired as stock's but for the
+  pushes' gradients (ordered after the statistics' read, on the ps) and the
+  local step assign's token (carried back with the worker's counts)."""
+  stock = _build_many(support.STOCK)
+  ours = _build_many(support.OURS, statistics=True,
+                     pack_gradient_transfers=pack)
+  missing = sorted(_described(stock) - _described(ours))
+  assert not missing, missing[:20]
+  rewired = _rewired(stock, ours, statistics=True)
+  assert not rewired, "stock ops wired otherwise in ours:\n%s" % (
+      "\n".join(rewired[:40]))
+  # Without the statistics' two allowances, exactly those inputs differ:
+  # every push of the model (13 dense, 1 sparse) and the local step assign.
+  strict = _rewired(stock, ours)
+  assert len(strict) == 15, strict
+  assert sum("AccumulatorApplyGradient" in line for line in strict) == 14
+  assert sum("token_and_counts" in line or "unstack" in line
+             for line in strict) == 1, strict

@@ -183,6 +183,53 @@ def test_statistics_add_no_round_trip_before_pushes_or_dequeue(options):
   assert not ours_on_worker_after_ps
 
 
+def _transfers(graph, train_op):
+  """What a run of ``train_op`` moves between tasks: each (tensor or control
+  edge, destination task) once, as TensorFlow sends a tensor once per
+  device that needs it."""
+  element = graph.as_graph_element(train_op)
+  todo, seen = [getattr(element, "op", element)], set()
+  while todo:
+    op = todo.pop()
+    if op not in seen:
+      seen.add(op)
+      todo.extend([t.op for t in op.inputs] + op.control_inputs)
+  moved = set()
+  for op in seen:
+    for t in op.inputs:
+      if _device(t.op) != _device(op):
+        moved.add((t.name, _device(op)))
+    for c in op.control_inputs:
+      if _device(c) != _device(op):
+        moved.add(("^" + c.name, _device(op)))
+  return moved
+
+
+@pytest.mark.parametrize("options", [
+    {}, dict(fuse_dense_gradients=True), dict(pack_gradient_transfers=False),
+    dict(one_gradient_per_worker=True, worker_index=1)],
+                         ids=["packed", "fused", "unpacked", "per_worker"])
+def test_statistics_add_no_transfer_to_the_worker(options):
+  """Issue 31: the token and the worker's counts come back as one tensor,
+  which replaces the token's own transfer, so the worker sends and receives
+  as many tensors with statistics on as off. The one transfer statistics
+  add is between ps tasks: the pushes on the other ps task (this model has
+  two) wait for the global step's read on its own, one control edge (a
+  counted drop is certain only for a push that followed the read)."""
+  def moved(**more):
+    graph, train_op = test_graph_parity._build_graph(  # pylint: disable=protected-access
+        functools.partial(support.OURS, **options, **more),
+        use_resource=True, variable_averages=False)
+    return _transfers(graph, train_op)
+
+  off, on = moved(), moved(statistics=True)
+  worker = "/job:worker/task:1"
+  assert [to for _, to in off - on] == [worker], sorted(off - on)
+  assert sorted(on - off) == [
+      ("^sync_replicas_status/with_generation", "/job:ps/task:1"),
+      ("sync_replicas_status/token_and_counts:0", worker)], sorted(on - off)
+
+
 def test_statistics_off_builds_nothing(graph):
   off, _ = test_graph_parity._build(  # pylint: disable=protected-access
       support.OURS, use_resource=True, variable_averages=False)
