@@ -437,10 +437,18 @@ def format_line(values, *, is_chief):
 
 
 class StatsLogger:
-  """Fetches and logs the statistics every ``every_runs`` session runs.
+  """Reads and logs the statistics every ``every_runs`` session runs.
 
-  Used by the hook; ``every_runs`` of None or 0 never logs (summaries still
-  work).
+  Used by the hook, after a run: the statistics are read in a run of their
+  own on the same session, never added to the training run's fetches. A run
+  with fetches of its own is a new signature for the session, which
+  partitions, optimizes and registers its graph on every task the first
+  time, and a training run with the statistics added is the whole model's
+  graph again: on a step of a few milliseconds that set-up alone cost 4-9%
+  of the steps in a 3-second bench window (docs/operations.md). A run of
+  the statistics alone sets up a few dozen reads, and then costs one small
+  run every ``every_runs``. ``every_runs`` of None or 0 never logs
+  (summaries still work).
   """
 
   def __init__(self, tensors, *, every_runs, is_chief):
@@ -449,12 +457,12 @@ class StatsLogger:
     self._is_chief = is_chief
     self._runs = 0
 
-  def fetches(self):
-    """The tensors to add to this run, or None when no line is due."""
+  def after_run(self, session):
+    """Counts a run of ``session``; reads and logs the values when due."""
     self._runs += 1
     if not self._every or self._runs % self._every:
-      return None
-    return self._tensors
+      return
+    self.log(session.run(self._tensors))
 
   def log(self, values):
     _LOG.info("sync_replicas stats: %s",

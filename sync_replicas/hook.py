@@ -4,8 +4,9 @@ Owns what happens when a MonitoredSession (or an Estimator) creates a session:
 wait until the chief has initialized the model, run the replica's local init
 op, and on the chief enqueue the initial tokens and start the queue runner that
 aggregates and applies gradients. It talks to the optimizer only through its
-public accessors. With the optimizer's ``statistics``, it also adds the
-statistics to every ``statistics_log_steps``-th run and logs them.
+public accessors. With the optimizer's ``statistics``, it also reads the
+statistics after every ``statistics_log_steps``-th run, in a run of their
+own (``_stats.StatsLogger`` says why), and logs them.
 """
 
 import logging
@@ -122,8 +123,6 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     if self._run_state is not None:
       self._run_state.in_run = self._run_state.ran = True
     fetches = {}
-    if self._stats_logger is not None:
-      fetches.update(self._stats_logger.fetches() or {})
     marks = (self._timeline.before_run(run_context.original_args.fetches)
              if self._timeline is not None else None)
     if marks:
@@ -131,14 +130,13 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
-    del run_context
     if self._run_state is not None:
       self._run_state.in_run = False
     results = dict(run_values.results or {})
     if self._timeline is not None:
       self._timeline.after_run(results.pop(_timeline_hook.KEY, None))
-    if self._stats_logger is not None and results:
-      self._stats_logger.log(results)
+    if self._stats_logger is not None:
+      self._stats_logger.after_run(run_context.session)
 
   def end(self, session):
     """MonitoredSession calls it only when training ends, never when it
