@@ -452,7 +452,10 @@ class StatsLogger:
   """
 
   def __init__(self, tensors, *, every_runs, is_chief):
-    self._tensors = tensors
+    # A non-chief's line shows only its own counters: worker-local reads,
+    # so its log run waits for no ps.
+    self._tensors = tensors if is_chief else {
+        k: v for k, v in tensors.items() if k.startswith("worker/")}
     self._every = every_runs or 0
     self._is_chief = is_chief
     self._runs = 0
