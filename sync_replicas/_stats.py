@@ -460,6 +460,15 @@ class StatsLogger:
     self._is_chief = is_chief
     self._runs = 0
 
+  def prepare(self, session):
+    """Runs the log's read once, at session start (after the local init).
+
+    The first run of a signature sets it up on every task it touches: done
+    here, that is not a stall in the middle of training, where every other
+    worker would wait for this one's gradient.
+    """
+    session.run(self._tensors)
+
   def after_run(self, session):
     """Counts a run of ``session``; reads and logs the values when due."""
     self._runs += 1

@@ -113,6 +113,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self._timeline.session_started(session)
     if self._init_tokens_op is not None:
       session.run(self._init_tokens_op)
+    if self._stats_logger is not None:
+      self._stats_logger.prepare(session)
     if self._q_runner is not None:
       self._run_state = _runner.ChiefRunState()
       self._q_runner.follow_runs(session, self._run_state)
