@@ -107,6 +107,19 @@ def test_per_file_adds_up_each_files_tests_classes_included():
       (5.5, 2, "test_a.py"), (5.0, 2, "test_b.py")]
 
 
+def test_a_clean_clone_schedules_by_a_committed_green_runs_record():
+  """Issue 29 item 7: what CI's clean clone packs processes by is a green
+  run's record (tools/test --save-expected), not a table typed by hand."""
+  files = json.loads(_run_tests.EXPECTED_PATH.read_text())["files"]
+  assert len(files) >= 30, sorted(files)
+  assert all(f["recorded"] and f["threads"] > 0 and f["secs"] >= 0
+             for f in files.values()), files
+  assert _run_tests.EXPECTED == _run_tests.load_measured(
+      _run_tests.EXPECTED_PATH)
+  args, rest = _run_tests.parse_args(["--save-expected", "-v"])
+  assert args.save_expected and rest == ["-v"]
+
+
 def test_every_expected_file_exists():
   # A renamed or removed file left in EXPECTED would go unnoticed.
   tests = pathlib.Path(support.TOOLS).parent / "tests"

@@ -24,8 +24,9 @@ scikit-learn's file directly (examples/_digits.py).
 
 Each file's time and threads come from the last green run on this machine
 (MEASURED, which every green full run rewrites for the files it ran; see
-record_measured), else from EXPECTED, the hand-written table a clean clone
-(CI) starts from. A new file needs nothing: the glob finds it and, until a
+record_measured), else from EXPECTED, a green run's record committed in
+tools/test_durations.json (``--save-expected`` writes it), which a clean
+clone (CI) starts from. A new file needs nothing: the glob finds it and, until a
 green run has measured it, it runs alone and starts first (as if it were the
 slowest). Before starting a process the scheduler also checks the threads
 the running ones hold (THREAD_BUDGET), so no pairing of files can push the
@@ -77,57 +78,6 @@ _PORTS = _by_path.ports()
 PORT_RANGE_ENV = _PORTS.PORT_RANGE_ENV
 draw_port_range = _PORTS.draw_range
 
-# What each file costs on its own, measured once by hand: seconds of pytest
-# time on a quiet 2-core machine (TensorFlow 2.21, without the ~5 s import)
-# and the peak thread count of its process. The fallback for a file the last
-# green run on this machine did not measure (MEASURED), e.g. on a clean clone
-# (CI). A file in neither runs alone, first (as if slowest); stale values
-# only cost some wall time, as the thread cap below is also checked while
-# the suite runs.
-EXPECTED = {  # file: (seconds, threads)
-    "test_bad_input.py": (35, 810),
-    "test_bench_tool.py": (60, 10),
-    "test_checkpoint_saves.py": (15, 700),
-    "test_cluster.py": (1, 270),
-    "test_confine.py": (60, 10),
-    "test_deadline.py": (8, 730),
-    "test_drive_modes.py": (40, 700),
-    "test_estimator.py": (20, 500),  # Skipped on 2.16+; processes on 2.15.
-    "test_examples.py": (50, 10),
-    "test_graph_parity.py": (5, 10),
-    "test_hook.py": (2, 200),
-    "test_keras.py": (10, 460),
-    "test_launcher.py": (12, 10),
-    "test_legacy.py": (30, 2730),
-    "test_load.py": (40, 1610),
-    "test_one_gradient_per_worker.py": (10, 1170),
-    "test_options.py": (5, 10),
-    "test_package.py": (15, 10),
-    "test_parity.py": (55, 460),
-    "test_patch.py": (25, 370),  # Its runner's children import no TF, but 3.
-    "test_reads.py": (15, 290),
-    "test_readme.py": (40, 10),  # 3 start orders of 4 processes: ~50 CPU-s.
-    "test_recovery.py": (90, 10),
-    "test_restart.py": (12, 1700),
-    "test_scale_tool.py": (45, 10),
-    "test_shutdown.py": (35, 1860),
-    "test_snapshot.py": (45, 10),
-    "test_soak.py": (150, 10),
-    "test_sparse.py": (20, 3180),
-    "test_stall_diagnosis.py": (20, 740),
-    "test_stats.py": (15, 370),
-    "test_status_tool.py": (15, 1340),
-    "test_supervisor.py": (8, 550),
-    "test_tf_scenarios.py": (8, 1590),
-    "test_tf_slim.py": (40, 1600),
-    "test_test_runner.py": (1, 10),
-    "test_tfjob.py": (5, 10),
-    "test_timeline.py": (40, 200),  # A cluster of 4 processes: ~20 CPU-s.
-    "test_two_optimizers.py": (3, 290),
-    "test_user_scripts.py": (90, 10),  # 10 clusters of 3 processes: ~140 CPU-s.
-    "test_validation.py": (3, 10),
-    "test_wheel.py": (50, 10),  # Its venv's cluster: 6 TensorFlow imports.
-}
 #: Files sharing a process hold, together, at most this many threads: a
 #: file's servers stay until the process ends, so a process's threads add up
 #: file after file.
@@ -260,6 +210,10 @@ def parse_args(argv):
       description="Arguments it does not know go to every pytest process.")
   parser.add_argument("--quick", action="store_true",
                       help="only the files marked quick")
+  parser.add_argument("--save-expected", action="store_true",
+                      help="after a green run of whole files, also write "
+                           "its times and threads to tools/test_durations.json"
+                           ", the schedule a clean clone starts from")
   parser.add_argument("--jobs", type=int,
                       default=int(os.environ.get("SYNC_REPLICAS_TEST_JOBS",
                                                  "4")),
@@ -295,6 +249,16 @@ def load_measured(path):
 
 #: The last green run's (seconds, threads) per file, on this machine.
 MEASURED = load_measured(measured_path())
+
+
+#: The schedule a checkout without a green run of its own (CI's clean
+#: clone) starts from: a green whole-suite run's record, committed. Written
+#: by ``tools/test --save-expected`` (the run must be green and of whole
+#: files), never by hand, so it cannot drift from what a run measured; each
+#: entry says when it was recorded.
+EXPECTED_PATH = ROOT / "tools" / "test_durations.json"
+#: file name -> (seconds, threads), from EXPECTED_PATH.
+EXPECTED = load_measured(EXPECTED_PATH)
 
 
 def expected(path):
@@ -541,6 +505,13 @@ def main(argv):
       if recorded:
         print("tools/test: times and threads of %d files recorded in %s for "
               "the next run's schedule" % (recorded, measured_path()))
+      if args.save_expected:
+        saved = record_measured(done, pytest_args, path=EXPECTED_PATH)
+        print("tools/test: %s" % (
+            "times and threads of %d files saved in %s, a clean clone's "
+            "schedule" % (saved, EXPECTED_PATH) if saved else
+            "--save-expected saved nothing: only a green run of whole "
+            "files is saved"))
   if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
     return 1
   if all(j.rc == 5 for j in done):
