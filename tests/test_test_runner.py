@@ -497,3 +497,29 @@ def test_under_load_runs_the_command_while_a_hog_spins(tmp_path):
   assert "run 1: exit 3" in proc.stdout and "1 of 1 run(s) failed" in \
       proc.stdout
   assert (tmp_path / "bad" / "run-1.log").exists()
+
+
+def test_a_relative_venv_is_put_on_path_absolute(tmp_path):
+  # CI passes SYNC_REPLICAS_VENV=.venv-215. On PATH as given, it made the
+  # tests' sys.executable relative, and test_confine's child, started as
+  # another user elsewhere, could not find it. A stand-in venv whose stamp
+  # says it is installed, so that _env.sh installs nothing.
+  root = support.TOOLS.parent
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  (venv / "bin" / "python").symlink_to(sys.executable)
+  sums = "|".join(
+      subprocess.run(["cksum"], input=path.read_bytes(), capture_output=True,
+                     check=True).stdout.decode().strip()
+      for path in (root / "setup.cfg", support.TOOLS / "_env.sh"))
+  (venv / ".sync_replicas-installed").write_text(
+      "tf-stand-in|test,examples|%s\n" % sums)
+  env = dict(os.environ, SYNC_REPLICAS_VENV=os.path.relpath(venv, root),
+             SYNC_REPLICAS_TF="tf-stand-in")
+  out = subprocess.run(
+      ["bash", "-c", "source tools/_env.sh && command -v python"], cwd=root,
+      env=env, capture_output=True, text=True, timeout=60, check=False)
+  assert out.returncode == 0, out.stderr
+  found = out.stdout.strip()
+  assert os.path.isabs(found), found
+  assert os.path.normpath(found) == str(venv / "bin" / "python"), found

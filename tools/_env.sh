@@ -9,6 +9,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${SYNC_REPLICAS_VENV:-$root/.venv}"
+# Made absolute (CI passes .venv-215): "$venv/bin" goes first on PATH, and a
+# relative entry there makes sys.executable relative, which a test's child
+# started in another directory, or as another user (test_confine), cannot
+# find.
+case "$venv" in /*) ;; *) venv="$PWD/$venv" ;; esac
 tf_req="${SYNC_REPLICAS_TF:-tensorflow-cpu>=2.15,<2.22}"
 read -r -a tf_reqs <<< "$tf_req"
 stamp="$venv/.sync_replicas-installed"
