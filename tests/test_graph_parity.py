@@ -96,13 +96,11 @@ def _is_ordered(stock_input, our_input):
   if ordered.type == "Identity" and ordered.name.startswith(
       OWN_SCOPE + "ordered_grad"):
     return ordered.inputs[0].name == stock_input.name
-  part = _unflat(our_input)
-  split = part.op
-  if split.type != "SplitV":
-    return False
-  return _is_packed_part(stock_input, our_input) or (
-      split.inputs[0].op.name.startswith(OWN_SCOPE + "ordered_grad")
-      and _is_packed_part(stock_input, our_input, through=1))
+  # A packed part: the split's input is the concatenation, ordered.
+  split = _unflat(our_input).op
+  return (split.type == "SplitV"
+          and split.inputs[0].op.name.startswith(OWN_SCOPE + "ordered_grad")
+          and _is_packed_part(stock_input, our_input, through=1))
 
 
 def _is_carried_token(stock_input, our_input):

@@ -148,6 +148,18 @@ def _pushes_and_dequeue(graph):
           if "ApplyGradient" in op.type or op.type == "QueueDequeueV2"]
 
 
+def _waited_for(ops):
+  """Every op that ``ops`` wait for, through data and control edges."""
+  waits, todo = set(), list(ops)
+  while todo:
+    op = todo.pop()
+    for i in [t.op for t in op.inputs] + op.control_inputs:
+      if i not in waits:
+        waits.add(i)
+        todo.append(i)
+  return waits
+
+
 @pytest.mark.parametrize("options", [
     {}, dict(fuse_dense_gradients=True), dict(pack_gradient_transfers=False),
     dict(one_gradient_per_worker=True, worker_index=1)],
@@ -168,14 +180,7 @@ def test_statistics_add_no_round_trip_before_pushes_or_dequeue(options):
   graph, on = built(statistics=True)
   assert on == off
   hops = _cross_device_hops(graph)
-  waits = set()
-  todo = _pushes_and_dequeue(graph)
-  while todo:
-    op = todo.pop()
-    for i in [t.op for t in op.inputs] + op.control_inputs:
-      if i not in waits:
-        waits.add(i)
-        todo.append(i)
+  waits = _waited_for(_pushes_and_dequeue(graph))
   ours_on_worker_after_ps = sorted(
       op.name for op in waits if op.name.startswith("sync_replicas_status/")
       and "/job:worker" in _device(op) and hops[op] > 0
@@ -188,12 +193,8 @@ def _transfers(graph, train_op):
   edge, destination task) once, as TensorFlow sends a tensor once per
   device that needs it."""
   element = graph.as_graph_element(train_op)
-  todo, seen = [getattr(element, "op", element)], set()
-  while todo:
-    op = todo.pop()
-    if op not in seen:
-      seen.add(op)
-      todo.extend([t.op for t in op.inputs] + op.control_inputs)
+  root = getattr(element, "op", element)
+  seen = {root} | _waited_for([root])
   moved = set()
   for op in seen:
     for t in op.inputs:
