@@ -60,7 +60,11 @@ def start_server(args):
                                 task_index=args.task_index)
   if args.job_name == "ps":
     print("ps %d serving" % args.task_index, flush=True)
-    server.join()  # Never returns: whoever started the cluster ends it.
+    # Never returns, as in the scripts this one stands for: the harness
+    # kills it, and test_user_scripts starts every task under coreutils'
+    # timeout --signal=KILL TASK_LIFETIME_SECS, its bound if pytest dies
+    # first (Server.join takes no timeout).
+    server.join()
   return server
 
 

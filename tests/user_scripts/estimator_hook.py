@@ -49,7 +49,11 @@ def main(argv=None):
   server = tf.distribute.Server(cluster, job_name=job, task_index=index)
   if job == "ps":
     print("ps %d serving" % index, flush=True)
-    server.join()  # Never returns: whoever started the cluster ends it.
+    # Never returns, as in the scripts this one stands for: the harness
+    # kills it, and test_user_scripts starts every task under coreutils'
+    # timeout --signal=KILL TASK_LIFETIME_SECS, its bound if pytest dies
+    # first (Server.join takes no timeout).
+    server.join()
   v1.logging.set_verbosity(v1.logging.INFO)
   is_chief = job == "chief"
   num_workers = len(args.worker_hosts.split(","))
