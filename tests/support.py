@@ -387,6 +387,20 @@ def kill_group(proc, timeout=30):
   """
   if proc.returncode is None:
     try:
+      leads_group = os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:  # ended, not yet reaped: nothing to signal
+      leads_group = True
+    if not leads_group:
+      # killpg would find no group by this number (or someone else's): the
+      # process would live on and the wait below would time out, hiding the
+      # test's own failure behind a TimeoutExpired. Kill it, then say why.
+      proc.kill()
+      proc.wait(timeout=timeout)
+      raise AssertionError(
+          "kill_group needs a process started with start_new_session=True; "
+          "pid %d of %r is in its parent's group, so only it was killed "
+          "(its children, if any, were not)" % (proc.pid, proc.args))
+    try:
       os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
       pass

@@ -278,20 +278,30 @@ def test_runner_ends_on_an_uncaught_interrupt_as_python_does(tmp_path):
 
 
 def test_runner_leaves_signals_to_the_program(tmp_path):
-  """A SIGTERM the program handles itself, and one it does not."""
+  """A SIGTERM the program handles itself, and one it does not.
+
+  The script waits in short sleeps, not in ``signal.pause()``: a SIGTERM
+  that lands after ``print`` returns but before ``pause()`` is entered runs
+  no Python handler (CPython runs handlers between bytecodes), and
+  ``pause()`` then waits for a second signal that never comes. CI hit that
+  window once. A sleep ends by itself, so the handler runs within 50 ms of
+  the signal whenever it lands.
+  """
   script = _script(tmp_path, "signalled.py", """
-      import signal, sys
+      import signal, sys, time
       if sys.argv[1] == "handled":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
       print("ready", flush=True)
-      sys.stdin.read() if False else signal.pause()
+      while True:
+        time.sleep(0.05)
   """)
   for mode, expected in (("handled", 42), ("default", -signal.SIGTERM)):
     for argv in ([sys.executable, str(script), mode],
                  RUNNER + [str(script), mode]):
       env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT))
       proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env,
-                              text=True, stdin=subprocess.DEVNULL)
+                              text=True, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
       try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGTERM)

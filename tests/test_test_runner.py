@@ -384,6 +384,52 @@ def test_held_in_turns_stops_at_once_lets_go_between_turns_and_resumes():
   assert sent.count(signal.SIGSTOP) >= 3, sent
 
 
+def _sleeper_with_a_child(**popen_kwargs):
+  """A python that starts a sleeping child, prints its pid and sleeps."""
+  code = ("import subprocess, sys, time\n"
+          "child = subprocess.Popen(['sleep', '300'])\n"
+          "print(child.pid, flush=True)\n"
+          "time.sleep(300)\n")
+  proc = subprocess.Popen([sys.executable, "-c", code], text=True,
+                          stdout=subprocess.PIPE, **popen_kwargs)
+  return proc, int(proc.stdout.readline())
+
+
+def _gone(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return True
+  # A killed child of a killed parent is reaped by init; until then it is a
+  # zombie, which no longer runs.
+  with open("/proc/%d/stat" % pid) as stat:
+    return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_kill_group_kills_the_process_and_its_children():
+  proc, child = _sleeper_with_a_child(start_new_session=True)
+  support.kill_group(proc, timeout=30)
+  assert proc.returncode == -signal.SIGKILL
+  support.wait_until(lambda: _gone(child), timeout=30,
+                     what="the group's child to die with it")
+
+
+def test_kill_group_names_a_process_that_leads_no_group():
+  """CI once waited 30 s on such a process: killpg found no group by its
+  pid, so nothing was killed and the wait's timeout hid the test's own
+  failure. Now the process itself dies and the misuse is named."""
+  proc, child = _sleeper_with_a_child()
+  try:
+    with pytest.raises(AssertionError, match="start_new_session=True"):
+      support.kill_group(proc, timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+  finally:
+    os.kill(child, signal.SIGKILL)
+    if proc.returncode is None:
+      proc.kill()
+      proc.wait(30)
+
+
 def test_a_failed_tests_tmp_path_is_kept_and_named(tmp_path, monkeypatch):
   import conftest  # pylint: disable=g-import-not-at-top
   monkeypatch.setenv(conftest.KEEP_ENV, str(tmp_path / "kept"))
