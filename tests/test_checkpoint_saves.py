@@ -7,7 +7,11 @@ listener's exclusion directly (a save holding the updates keeps an update
 that has all its gradients from running; the end of the save lets it
 through), its bounded wait, its recovery from a save that never ended, that
 it adds nothing to the graph, and, side by side with stock on the same
-schedule, that saves under it are whole where stock's tear.
+schedule, that saves under it are whole where stock's tear. And the loop the
+listener switches the chief to, which polls for ready accumulators, on a
+simulated cluster: it sleeps through the quiet part of each gather rather
+than polling the ps tasks all through it, and is never late by more than
+one poll once the gathers are steady.
 """
 
 import contextlib
@@ -20,6 +24,7 @@ import tensorflow as tf
 
 import sync_replicas
 import support
+from sync_replicas import _runner
 
 SHARED = support.SharedCluster(num_workers=2, num_ps=2)
 
@@ -225,3 +230,107 @@ def test_saves_under_the_listener_are_whole_where_stocks_tear(tmp_path,
   assert len(paused) >= 100 and paused[-1][0] >= 100, paused
   assert paused_torn == [], "checkpoints holding half an update: %s" % (
       paused_torn)
+
+
+class _SimulatedCluster:
+  """The polling loop's runner, session and coordinator in one, over a
+  cluster whose accumulators are all ready ``gathers[i]`` seconds after
+  update ``i - 1`` ended. Time moves only when the loop waits, or by
+  APPLY_SECS per update; ``polls[i]`` counts the reads before update ``i``,
+  ``late[i]`` how long after its gradients were in it started."""
+
+  APPLY_SECS = 0.001
+
+  def __init__(self, gathers):
+    self.now = 0.0
+    self._gathers = list(gathers)
+    self._ready_at = self._gathers[0]
+    self.polls, self.late, self.waits = [0], [], []
+    # The runner's side: its loop reads these.
+    self.status = self  # status.ready is only handed to make_callable.
+    self.ready = object()
+    self.updates = self
+
+  # Runner.
+  def clock(self):
+    return self.now
+
+  def sync_callable(self, sess):
+    del sess
+    return self._update
+
+  def run(self, coord, run_sync):  # UpdateLock.run, with no save holding.
+    del coord
+    run_sync()
+
+  # Session.
+  def make_callable(self, fetch):
+    assert fetch is self.ready
+    return self._poll
+
+  # Coordinator.
+  def should_stop(self):
+    return not self._gathers
+
+  def wait_for_stop(self, secs):
+    self.waits.append(secs)
+    self.now += secs
+    return False
+
+  def _poll(self):
+    self.polls[-1] += 1
+    return self.now >= self._ready_at - 1e-12
+
+  def _update(self):
+    self.late.append(self.now - self._ready_at)
+    self._gathers.pop(0)
+    self.now += self.APPLY_SECS
+    if self._gathers:
+      self._ready_at = self.now + self._gathers[0]
+      self.polls.append(0)
+
+
+def _run_polling_loop(gathers):
+  cluster = _SimulatedCluster(gathers)
+  _runner.BlockingLoop().run_local(cluster, cluster, cluster)
+  assert len(cluster.late) == len(gathers)
+  return cluster
+
+
+POLL = _runner.LOCAL_POLL_SECS
+
+
+def test_the_polling_loop_sleeps_through_the_quiet_part_of_steady_gathers():
+  # 50 ms from an update to the next one's gradients: every poll in the
+  # first 25 ms (half the shortest recent gather) cost a run on the ps
+  # tasks for nothing; the soak's chief and ps spent a third of their CPU
+  # on them.
+  cluster = _run_polling_loop([0.05] * 30)
+  every_poll = int(0.05 / POLL) + 1
+  assert cluster.polls[0] >= every_poll  # No history yet: polled through.
+  steady = cluster.polls[2:]
+  assert max(steady) <= every_poll * (1 - _runner.QUIET_FRACTION) + 2, steady
+  # Never later than one poll: the sleep ends before the gradients are in.
+  assert max(cluster.late) <= POLL + 1e-9, cluster.late
+
+
+def test_the_polling_loops_sleep_follows_gathers_that_get_shorter():
+  cluster = _run_polling_loop([0.1] * 10 + [0.01] * 20)
+  # The first short gather waits out the sleep that long ones earned...
+  assert max(cluster.late) <= _runner.QUIET_FRACTION * 0.1 + POLL, cluster.late
+  # ...and the sleep halves per update, until one poll late at most.
+  assert max(cluster.late[-10:]) <= POLL + 1e-9, cluster.late
+
+
+def test_the_polling_loop_does_not_sleep_when_updates_are_ready_at_once():
+  # Gradients queued ahead (multi-batch accumulation, tokens to spare).
+  cluster = _run_polling_loop([0.0] * 10)
+  assert cluster.polls == [1] * 10
+  assert cluster.late == [0.0] * 10
+  assert not any(cluster.waits), cluster.waits
+
+
+def test_the_polling_loops_sleep_is_capped():
+  cluster = _run_polling_loop([10.0] * 4)
+  assert max(cluster.waits) == _runner.QUIET_MAX_SECS
+  assert max(cluster.late) <= POLL + 1e-9, cluster.late
