@@ -72,6 +72,19 @@ def test_long_files_run_alone_and_short_ones_share_under_the_thread_cap(
         _run_tests.PROCESS_THREADS), names
 
 
+def test_no_shared_process_is_expected_to_outlast_a_file_run_alone(
+    tmp_path, expected):
+  # Ten files of 0.45 ALONE_SECS: two processes (the workers) would run
+  # 2.25 ALONE_SECS each, longer than any file alone; five run 0.9 each.
+  expected.update({"test_%02d.py" % i: (0.45 * _run_tests.ALONE_SECS, 10)
+                   for i in range(10)})
+  groups = _run_tests.pack(_files(tmp_path, sorted(expected)), workers=2)
+  lengths = [sum(expected[f.name][0] for f in g) for g in groups]
+  assert len(groups) == 5, lengths
+  assert max(lengths) <= _run_tests.ALONE_SECS, lengths
+  assert sorted(f.name for g in groups for f in g) == sorted(expected)
+
+
 def test_an_unknown_file_runs_alone_and_first(tmp_path, expected):
   expected.update({"test_known.py": (_run_tests.ALONE_SECS + 100, 10)})
   files = _files(tmp_path, ["test_known.py", "test_new.py"])

@@ -36,6 +36,7 @@ machine past its thread limit.
 import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import re
@@ -83,8 +84,11 @@ draw_port_range = _PORTS.draw_range
 #: file after file.
 PROCESS_THREADS = 4_000
 #: A file expected to take longer than this runs in a process of its own:
-#: it is the suite's critical path already.
-ALONE_SECS = 45
+#: it is the suite's critical path already. Below it, files share: each
+#: process costs IMPORT_SECS of CPU, and on 2 cores the suite is CPU-bound
+#: (96-98% busy), so a process saved is time saved. At 45 s, 9 files ran
+#: alone; at 90, 5 (the files of process clusters and the soak).
+ALONE_SECS = 90
 #: Seconds to import TensorFlow and start pytest: what sharing saves.
 IMPORT_SECS = 5
 
@@ -324,20 +328,26 @@ def pack(files, workers):
   """Groups files into processes: the long alone, the rest sharing.
 
   Longest first, each short file joins the shared process with the least
-  expected time that has room for its threads. ``workers`` processes share
-  the short files (more if their threads need it), so that they end about
-  when the long ones do.
+  expected time that has room for its threads. At least ``workers``
+  processes share the short files, more if their threads need it or if
+  fewer would be expected to run longer than ALONE_SECS each: a shared
+  process is never the suite's longest, so the longest-first order leaves
+  only short processes for the end, when cores would otherwise idle.
   """
-  alone, shared = [], []
+  alone, short = [], []
   secs = lambda group: sum(expected(f)[0] for f in group)
   threads = lambda group: sum(expected(f)[1] for f in group)
   for f in sorted(files, key=lambda f: (-expected(f)[0], f.name)):
     if expected(f)[0] > ALONE_SECS or expected(f)[1] >= PROCESS_THREADS:
       alone.append([f])
-      continue
+    else:
+      short.append(f)
+  count = max(workers, math.ceil(secs(short) / ALONE_SECS))
+  shared = []
+  for f in short:
     fits = [g for g in shared
             if threads(g) + expected(f)[1] <= PROCESS_THREADS]
-    if len(shared) < workers or not fits:
+    if len(shared) < count or not fits:
       shared.append([f])
     else:
       min(fits, key=secs).append(f)
