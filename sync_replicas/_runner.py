@@ -227,8 +227,9 @@ class QuietStart:
   The next update cannot be ready before the workers have their tokens,
   computed and pushed, which takes about as long each time. Polling every
   LOCAL_POLL_SECS through all of that cost the chief and every ps a run
-  per poll: with a checkpoint listener, the soak's chief and 2 ps tasks
-  spent about 40 of its 116 CPU-seconds on them. So the loop first sleeps
+  per poll: with a checkpoint listener, about a tenth of the CPU of the
+  soak's chief and 2 ps tasks (halving the polls saved 2-3 of their 40
+  CPU-seconds per 30 s, tools/soak without faults). So the loop first sleeps
   ``QUIET_FRACTION`` of the shortest recent gather (time from an update's
   end until the poll that found every accumulator ready) and polls only
   after that.

@@ -302,9 +302,8 @@ POLL = _runner.LOCAL_POLL_SECS
 
 def test_the_polling_loop_sleeps_through_the_quiet_part_of_steady_gathers():
   # 50 ms from an update to the next one's gradients: every poll in the
-  # first 25 ms (half the shortest recent gather) cost a run on the ps
-  # tasks for nothing; the soak's chief and ps spent a third of their CPU
-  # on them.
+  # first 25 ms (half the shortest recent gather) cost a run on the chief
+  # and the ps tasks for nothing (about a tenth of their CPU in the soak).
   cluster = _run_polling_loop([0.05] * 30)
   every_poll = int(0.05 / POLL) + 1
   assert cluster.polls[0] >= every_poll  # No history yet: polled through.
