@@ -38,8 +38,10 @@ six times over). Nothing can hang on it: every op is bounded, and the
 token queue closes at the chief's stop (stock's runner and ours both close
 it), which tf-slim takes as the end of training.
 
-The ps serves until the harness kills it (``server.join()``), and every
-process dies with its Cluster, or at the latest after TASK_LIFETIME_SECS.
+The ps serves until the harness kills it (``digits_cluster.serve``, a
+bounded stand-in for stock scripts' ``server.join()``, which takes no
+timeout), and every process dies with its Cluster, or at the latest after
+TASK_LIFETIME_SECS.
 """
 
 import math

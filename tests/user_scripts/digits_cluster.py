@@ -11,6 +11,7 @@ TensorFlow, as a stock user's project would hold it.
   own shard.
 * Model: softmax regression, 64 pixels -> 10 classes, zero-initialized, so
   the first loss is ln(10) in every run.
+* ``serve``: a ps task's bounded stand-in for ``server.join()``.
 * ``wait_for_chief``: a non-chief's own short poll for the chief's init.
   TensorFlow's session managers look once, then sleep 30 s before looking
   again (Supervisor's default recovery_wait_secs; MonitoredTrainingSession,
@@ -18,6 +19,7 @@ TensorFlow, as a stock user's project would hold it.
   chief would nap through most of a short run.
 """
 
+import sys
 import time
 
 import numpy as np
@@ -28,6 +30,10 @@ from examples import _digits
 #: No op of these scripts may block longer than this: a lost peer becomes an
 #: error, not a hang.
 OP_TIMEOUT_MS = 60_000
+#: The longest a ps task serves. Its harness kills it when its test ends
+#: (test_user_scripts also runs every task under ``timeout --signal=KILL``,
+#: the longest test's timeout); this bound holds without a harness too.
+PS_SERVE_SECS = 900
 #: How often and how long a non-chief polls for the chief's init.
 POLL_SECS = 0.2
 WAIT_FOR_CHIEF_SECS = 300
@@ -59,13 +65,22 @@ def start_server(args):
   server = tf.distribute.Server(cluster_spec(args), job_name=args.job_name,
                                 task_index=args.task_index)
   if args.job_name == "ps":
-    print("ps %d serving" % args.task_index, flush=True)
-    # Never returns, as in the scripts this one stands for: the harness
-    # kills it, and test_user_scripts starts every task under coreutils'
-    # timeout --signal=KILL TASK_LIFETIME_SECS, its bound if pytest dies
-    # first (Server.join takes no timeout).
-    server.join()
+    serve(server, args.task_index)
   return server
+
+
+def serve(server, task_index):
+  """A ps task's life: serve until killed, and at most PS_SERVE_SECS.
+
+  The scripts these stand for call ``server.join()``, which has no timeout
+  and never returns. The server's own threads serve whatever this thread
+  does, so a bounded sleep serves the same and ends by itself: the exit
+  (code 1, saying why) is what a ps nobody stopped should do.
+  """
+  print("ps %d serving" % task_index, flush=True)
+  time.sleep(PS_SERVE_SECS)
+  sys.exit("ps %d: not stopped within PS_SERVE_SECS=%s s; exiting"
+           % (task_index, PS_SERVE_SECS))
 
 
 def worker_device(args):

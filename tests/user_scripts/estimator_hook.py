@@ -48,12 +48,7 @@ def main(argv=None):
   job, index = tf_config["task"]["type"], tf_config["task"]["index"]
   server = tf.distribute.Server(cluster, job_name=job, task_index=index)
   if job == "ps":
-    print("ps %d serving" % index, flush=True)
-    # Never returns, as in the scripts this one stands for: the harness
-    # kills it, and test_user_scripts starts every task under coreutils'
-    # timeout --signal=KILL TASK_LIFETIME_SECS, its bound if pytest dies
-    # first (Server.join takes no timeout).
-    server.join()
+    digits_cluster.serve(server, index)
   v1.logging.set_verbosity(v1.logging.INFO)
   is_chief = job == "chief"
   num_workers = len(args.worker_hosts.split(","))
