@@ -374,6 +374,15 @@ def run_concurrently(calls, timeout=30):
   return [t.finish(timeout) for t in threads]
 
 
+def pid_runs(pid):
+  """True if ``pid`` runs (a zombie waiting for a reaper does not)."""
+  try:
+    stat = pathlib.Path("/proc/%d/stat" % pid).read_text()
+  except (FileNotFoundError, ProcessLookupError):
+    return False
+  return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def kill_group(proc, timeout=30):
   """SIGKILLs the process group ``proc`` leads, then reaps ``proc``.
 

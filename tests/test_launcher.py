@@ -71,20 +71,11 @@ def _task_pids(tmp_path):
   return pids
 
 
-def _alive(pid):
-  """True if ``pid`` runs (a zombie waiting for a reaper does not)."""
-  try:
-    stat = pathlib.Path("/proc/%d/stat" % pid).read_text()
-  except (FileNotFoundError, ProcessLookupError):
-    return False
-  return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _assert_none_left(tmp_path, expected_tasks):
   pids = _task_pids(tmp_path)
   assert sorted(pids) == sorted(expected_tasks), pids
   flat = [p for group in pids.values() for p in group]
-  support.wait_until(lambda: not any(_alive(p) for p in flat), timeout=5,
+  support.wait_until(lambda: not any(support.pid_runs(p) for p in flat), timeout=5,
                      what="no task process alive of %s" % pids)
 
 

@@ -408,22 +408,13 @@ def _sleeper_with_a_child(**popen_kwargs):
   return proc, int(proc.stdout.readline())
 
 
-def _gone(pid):
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return True
-  # A killed child of a killed parent is reaped by init; until then it is a
-  # zombie, which no longer runs.
-  with open("/proc/%d/stat" % pid) as stat:
-    return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def test_kill_group_kills_the_process_and_its_children():
   proc, child = _sleeper_with_a_child(start_new_session=True)
   support.kill_group(proc, timeout=30)
   assert proc.returncode == -signal.SIGKILL
-  support.wait_until(lambda: _gone(child), timeout=30,
+  # A killed child of a killed parent is reaped by init; until then it is
+  # a zombie, which pid_runs counts as gone.
+  support.wait_until(lambda: not support.pid_runs(child), timeout=30,
                      what="the group's child to die with it")
 
 

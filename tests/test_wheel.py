@@ -219,15 +219,6 @@ def _start(venv, argv, cwd):
                           start_new_session=True)
 
 
-def _alive(pid):
-  """True if ``pid`` runs (a zombie waiting for a reaper does not)."""
-  try:
-    stat = pathlib.Path("/proc/%d/stat" % pid).read_text()
-  except (FileNotFoundError, ProcessLookupError):
-    return False
-  return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _interrupt(proc, timeout=60):
   """Ctrl-C, as a terminal sends it to the foreground program; its code."""
   proc.send_signal(signal.SIGINT)
@@ -311,7 +302,7 @@ def test_launch_runs_the_demo_cluster_and_status_reads_it_live(venv,
   pids = [int(p) for p in re.findall(r"\[launch\] started \w+ \(pid (\d+)\)",
                                      text)]
   assert len(pids) == 4, text[-3000:]
-  support.wait_until(lambda: not any(map(_alive, pids)), timeout=10,
+  support.wait_until(lambda: not any(map(support.pid_runs, pids)), timeout=10,
                      what="every task of the launch gone")
   # Every task imported the wheel's sync_replicas, not a checkout's.
   assert str(ROOT / "sync_replicas") not in text + err
