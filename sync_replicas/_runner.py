@@ -47,6 +47,7 @@ cadence what the update waits for, and with a stall timeout it stops the
 coordinator with ``SyncStallError``.
 """
 
+import collections
 import logging
 import threading
 import time
@@ -244,15 +245,13 @@ class QuietStart:
   def __init__(self, clock=time.monotonic, fraction=QUIET_FRACTION,
                history=QUIET_HISTORY, max_secs=QUIET_MAX_SECS):
     self._clock, self._fraction, self._max = clock, fraction, max_secs
-    self._history = history
-    self._gathers = []
+    self._gathers = collections.deque(maxlen=history)
     self._since = None
 
   def ready(self):
     """Notes that every accumulator is ready; an update runs next."""
     if self._since is not None:
-      self._gathers = (self._gathers + [self._clock() - self._since])[
-          -self._history:]
+      self._gathers.append(self._clock() - self._since)
       self._since = None
 
   def updated(self):
