@@ -1,0 +1,1 @@
+"""The examples as a package, so that tests import their ``main(argv)``."""

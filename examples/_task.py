@@ -13,7 +13,6 @@ Replicas (the tasks that train) are the ``chief`` task, if the cluster has a
 worker 0 is the chief, as in TF1.
 """
 
-import argparse
 import collections
 import json
 import logging

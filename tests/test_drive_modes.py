@@ -21,7 +21,6 @@ import pytest
 import tensorflow as tf
 
 import support
-import sync_replicas
 
 RUN_OPTIONS = tf.compat.v1.RunOptions(timeout_in_ms=support.OP_TIMEOUT_MS)
 

@@ -637,7 +637,7 @@ def test_accessors_before_apply_gradients(graph):
   with pytest.raises(ValueError, match=r"^get_clean_up_op\(\) should be"):
     opt.get_clean_up_op()
   with pytest.raises(AttributeError, match="local_steps is only available"):
-    opt.local_steps  # pylint: disable=pointless-statement
+    _ = opt.local_steps
   assert not opt.is_built and not graph.get_operations()
 
 

@@ -34,6 +34,31 @@ def test_version_and_public_names():
   assert "SyncReplicasOptimizerHook" in sync_replicas.__all__
 
 
+def test_public_names_agree_in_all_three_lists():
+  # __init__.py names each public name three times: in __all__ (a literal,
+  # for linters), in _HOMES (the lazy loader) and in the TYPE_CHECKING
+  # imports (for type checkers and readers). Parsed, not imported: the
+  # loader would hide a name missing from the imports.
+  tree = ast.parse((PACKAGE / "__init__.py").read_text())
+  homes, typed = set(), set()
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        and [t.id for t in node.targets] == ["_HOMES"]):
+      homes = {key.value for key in node.value.keys}
+    if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+      typed = {alias.name for imp in node.body for alias in imp.names}
+  public = set(sync_replicas.__all__) - {"__version__"}
+  assert homes == public, (
+      "_HOMES and __all__ in sync_replicas/__init__.py differ: only in "
+      "_HOMES %s, only in __all__ %s; list each public name in both"
+      % (sorted(homes - public), sorted(public - homes)))
+  assert typed == public, (
+      "The TYPE_CHECKING imports and __all__ in sync_replicas/__init__.py "
+      "differ: only imported %s, only in __all__ %s; import each public "
+      "name there too, so that type checkers see it"
+      % (sorted(typed - public), sorted(public - typed)))
+
+
 def test_package_never_uses_the_stock_class():
   # Parsed, not grepped: docstrings may name stock, code may not touch it.
   found = []

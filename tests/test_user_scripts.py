@@ -328,7 +328,8 @@ def _rerun_once_on_tf_request_id_collision(run, impl, tmp_path):
       raise
   # A warning, so that pytest's summary shows it even when the test passes.
   warnings.warn("%s: a task died of TensorFlow's request-id collision (%r); "
-                "ran it once more" % (impl, TF_REQUEST_ID_COLLISION))
+                "ran it once more" % (impl, TF_REQUEST_ID_COLLISION),
+                stacklevel=2)
   return run(impl, tmp_path / "rerun")
 
 

@@ -197,7 +197,7 @@ def summarize(rows):
         if vals:
           entry["%s_%s" % (impl, metric)] = statistics.median(vals)
 
-    def ratios(a, b, metric):
+    def ratios(a, b, metric, reps=reps):
       return [m[a][metric] / m[b][metric] for m in reps.values()
               if a in m and b in m and m[b][metric] > 0]
 

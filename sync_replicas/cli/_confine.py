@@ -73,8 +73,8 @@ def confine():
   for flags, what in attempts:
     if libc.unshare(flags) == 0:
       break
-    reasons.append("unshare(%s): %s" % (_flag_names(flags),
-                                        os.strerror(ctypes.get_errno())))
+    reasons.append("%s: unshare(%s): %s" % (
+        what, _flag_names(flags), os.strerror(ctypes.get_errno())))
   else:
     raise CannotConfine("; ".join(reasons))
   if flags & CLONE_NEWUSER:
@@ -126,10 +126,13 @@ def enter(pid):
 def _libc():
   try:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.unshare  # pylint: disable=pointless-statement
-    libc.setns  # pylint: disable=pointless-statement
-  except (OSError, AttributeError) as e:
-    raise CannotConfine("the C library offers no unshare/setns (%s)" % e)
+  except OSError as e:
+    raise CannotConfine("the C library does not load (%s)" % e) from e
+  # An attribute of a CDLL looks the symbol up: a libc without one (too old,
+  # or not glibc) fails here rather than at the first call.
+  missing = [n for n in ("unshare", "setns") if not hasattr(libc, n)]
+  if missing:
+    raise CannotConfine("the C library offers no %s" % "/".join(missing))
   return libc
 
 
@@ -158,7 +161,8 @@ def _map_ids(uid, gid):
     except OSError as e:
       if path.endswith("setgroups") and e.errno == errno.ENOENT:
         continue  # Kernels before 3.19 have no such file.
-      raise CannotConfine("writing %r to %s: %s" % (text, path, e.strerror))
+      raise CannotConfine(
+          "writing %r to %s: %s" % (text, path, e.strerror)) from e
 
 
 def _loopback_up():
