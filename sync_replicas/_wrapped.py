@@ -5,7 +5,8 @@ Owns ``compute_gradients``, ``get_slot``, ``get_slot_names`` and
 optimizer answer them with the wrapped optimizer's (held in ``_opt``, the
 attribute name stock uses and TensorFlow's own tests read). Also owns what
 both keep alike: the replica counts and tokens per step, and the guards that
-raise ``NotBuiltError`` before ``apply_gradients``.
+raise ``NotBuiltError`` before ``apply_gradients``, with the
+stock docstrings of the methods they guard.
 """
 
 import tensorflow as tf
@@ -17,8 +18,9 @@ from sync_replicas import errors
 class WrappedOptimizer(tf.compat.v1.train.Optimizer):
   """A ``tf.compat.v1.train.Optimizer`` that forwards to ``self._opt``.
 
-  Subclasses define ``is_built``, call ``_set_replica_counts`` in their
-  constructor and name themselves in ``_BUILT_NAME`` for the guards' errors.
+  Subclasses define ``is_built`` and ``_build_init_tokens_op``, call
+  ``_set_replica_counts`` in their constructor and name themselves in
+  ``_BUILT_NAME`` for the guards' errors.
   """
 
   _BUILT_NAME = "SyncReplicasOptimizer"
@@ -70,6 +72,35 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
         "Should be called after apply_gradients(). Build the train op with "
         "minimize() or apply_gradients() first.")
     return self._chief_queue_runner
+
+  def get_init_tokens_op(self, num_tokens=-1):
+    """Returns the op to fill the sync_token_queue with the tokens.
+
+    Run once by the chief at start so that workers can start their first
+    step. Make sure ``num_tokens >= replicas_to_aggregate -
+    total_num_replicas``.
+
+    Args:
+      num_tokens: Number of tokens to add to the queue; -1 adds
+        ``replicas_to_aggregate``.
+
+    Returns:
+      An op for the chief/sync replica to fill the token queue.
+
+    Raises:
+      ValueError: If this is called before apply_gradients().
+      ValueError: If num_tokens are smaller than replicas_to_aggregate -
+        total_num_replicas.
+    """
+    self._require_built(
+        "get_init_tokens_op() should be called after apply_gradients().")
+    return self._build_init_tokens_op(num_tokens)
+
+  def _build_init_tokens_op(self, num_tokens):
+    """The op that enqueues the initial tokens, after the build."""
+    raise NotImplementedError(
+        "%s must define _build_init_tokens_op(num_tokens), the op behind "
+        "get_init_tokens_op()." % type(self).__name__)
 
   def compute_gradients(self, *args, **kwargs):
     """Compute gradients of "loss" for the variables in "var_list".

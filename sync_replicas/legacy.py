@@ -536,27 +536,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         "get_clean_up_op() should be called after apply_gradients().")
     return self._clean_up_op
 
-  def get_init_tokens_op(self, num_tokens=-1):
-    """Returns the op to fill the sync_token_queue with the tokens.
-
-    Run once by the chief at start so that workers can start their first
-    step. Make sure ``num_tokens >= replicas_to_aggregate -
-    total_num_replicas``.
-
-    Args:
-      num_tokens: Number of tokens to add to the queue; -1 adds
-        ``replicas_to_aggregate``.
-
-    Returns:
-      An op for the chief/sync replica to fill the token queue.
-
-    Raises:
-      ValueError: If this is called before apply_gradients().
-      ValueError: If num_tokens are smaller than replicas_to_aggregate -
-        total_num_replicas.
-    """
-    self._require_built(
-        "get_init_tokens_op() should be called after apply_gradients().")
+  def _build_init_tokens_op(self, num_tokens):
+    """The op enqueueing the initial tokens (a no-op for none)."""
     num_tokens = _checks.init_tokens(
         num_tokens, replicas_to_aggregate=self._replicas_to_aggregate,
         total_num_replicas=self._total_num_replicas)

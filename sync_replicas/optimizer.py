@@ -296,27 +296,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         num_tokens, replicas_to_aggregate=self.replicas_to_aggregate,
         total_num_replicas=self.total_num_replicas)
 
-  def get_init_tokens_op(self, num_tokens=-1):
-    """Returns the op to fill the sync_token_queue with the tokens.
-
-    Run once by the chief at start so that workers can start their first
-    step. Make sure ``num_tokens >= replicas_to_aggregate -
-    total_num_replicas``.
-
-    Args:
-      num_tokens: Number of tokens to add to the queue; -1 adds
-        ``replicas_to_aggregate``.
-
-    Returns:
-      An op for the chief/sync replica to fill the token queue.
-
-    Raises:
-      ValueError: If this is called before apply_gradients().
-      ValueError: If num_tokens are smaller than replicas_to_aggregate -
-        total_num_replicas.
-    """
-    self._require_built(
-        "get_init_tokens_op() should be called after apply_gradients().")
+  def _build_init_tokens_op(self, num_tokens):
+    """The initial fill (``_tokens``); ``get_init_tokens_op`` guards it."""
     count = self.check_num_tokens(num_tokens)
     state = self._state
     # Every way of starting the protocol runs this op, not always
