@@ -25,7 +25,7 @@ PORT_RANGE_ENV = "SYNC_REPLICAS_PORT_RANGE"
 #: side from one process (stock's and ours, in the tests) could otherwise
 #: draw the same port and one server fail to bind ("Could not start gRPC
 #: server", seen in CI). Bounded, so a long-lived process never runs out.
-_HANDED_OUT = collections.deque(maxlen=1024)
+_HANDED_OUT: "collections.deque[int]" = collections.deque(maxlen=1024)
 _HANDED_OUT_LOCK = threading.Lock()
 
 

@@ -361,7 +361,7 @@ class Statistics:
 class NoStatistics:
   """``statistics=False``: the methods of ``Statistics``, building nothing."""
 
-  tensors = {}
+  tensors: "dict[str, tf.Tensor]" = {}
 
   def order_gradient(self, grad):
     return grad

@@ -36,7 +36,7 @@ FLUSH_SECS = 1.0
 CLOSE_SECS = 5.0
 
 _lock = threading.Lock()
-_writers = {}
+_writers: "dict[str, TimelineWriter]" = {}
 
 
 class TimelineWriter:

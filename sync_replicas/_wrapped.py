@@ -9,6 +9,8 @@ raise ``NotBuiltError`` before ``apply_gradients``, with the
 stock docstrings of the methods they guard.
 """
 
+import typing
+
 import tensorflow as tf
 
 from sync_replicas import _tokens
@@ -32,17 +34,17 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
                                                     total_num_replicas)
 
   @property
-  def replicas_to_aggregate(self):
+  def replicas_to_aggregate(self) -> int:
     """Gradients each update aggregates."""
     return self._replicas_to_aggregate
 
   @property
-  def total_num_replicas(self):
+  def total_num_replicas(self) -> int:
     """Workers in the job."""
     return self._total_num_replicas
 
   @property
-  def tokens_per_step(self):
+  def tokens_per_step(self) -> int:
     """Tokens the chief enqueues after each update."""
     return self._tokens_per_step
 
@@ -59,7 +61,7 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
     if not self.is_built:
       raise errors.NotBuiltError(message)
 
-  def get_chief_queue_runner(self):
+  def get_chief_queue_runner(self) -> "tf.compat.v1.train.QueueRunner":
     """Returns the QueueRunner for the chief to execute.
 
     It aggregates gradients, applies them, increments the global step and
@@ -73,7 +75,7 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
         "minimize() or apply_gradients() first.")
     return self._chief_queue_runner
 
-  def get_init_tokens_op(self, num_tokens=-1):
+  def get_init_tokens_op(self, num_tokens: int = -1) -> tf.Operation:
     """Returns the op to fill the sync_token_queue with the tokens.
 
     Run once by the chief at start so that workers can start their first
@@ -102,7 +104,9 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
         "%s must define _build_init_tokens_op(num_tokens), the op behind "
         "get_init_tokens_op()." % type(self).__name__)
 
-  def compute_gradients(self, *args, **kwargs):
+  def compute_gradients(
+      self, *args: typing.Any, **kwargs: typing.Any
+  ) -> "list[tuple[typing.Any, tf.Variable]]":
     """Compute gradients of "loss" for the variables in "var_list".
 
     This simply wraps ``compute_gradients()`` of the wrapped optimizer, so
@@ -118,14 +122,16 @@ class WrappedOptimizer(tf.compat.v1.train.Optimizer):
     """
     return self._opt.compute_gradients(*args, **kwargs)
 
-  def get_slot(self, *args, **kwargs):
+  def get_slot(self, *args: typing.Any,
+               **kwargs: typing.Any) -> "tf.Variable | None":
     """Return a slot named "name" created for "var" by the wrapped optimizer."""
     return self._opt.get_slot(*args, **kwargs)
 
-  def get_slot_names(self, *args, **kwargs):
+  def get_slot_names(self, *args: typing.Any,
+                     **kwargs: typing.Any) -> "list[str]":
     """Return the names of the slots created by the wrapped optimizer."""
     return self._opt.get_slot_names(*args, **kwargs)
 
-  def variables(self):
+  def variables(self) -> "list[tf.Variable]":
     """The wrapped optimizer's variables (not the sync optimizer's own)."""
     return self._opt.variables()

@@ -11,7 +11,8 @@ from sync_replicas._ports import LOOPBACK
 from sync_replicas._ports import free_ports
 
 
-def loopback_cluster_spec(*, num_workers, num_ps):
+def loopback_cluster_spec(*, num_workers: int,
+                          num_ps: int) -> tf.train.ClusterSpec:
   """A ClusterSpec of ``worker`` and ``ps`` tasks on free loopback ports."""
   if num_workers < 1 or num_ps < 0:
     raise ValueError(
@@ -38,7 +39,8 @@ class LocalCluster:
     ps: Parameter-server servers, by task index.
   """
 
-  def __init__(self, *, num_workers, num_ps, config=None):
+  def __init__(self, *, num_workers: int, num_ps: int,
+               config: "tf.compat.v1.ConfigProto | None" = None) -> None:
     self.cluster_spec = loopback_cluster_spec(num_workers=num_workers,
                                               num_ps=num_ps)
     self.workers = [
@@ -51,6 +53,6 @@ class LocalCluster:
         for i in range(num_ps)]
 
   @property
-  def worker_targets(self):
+  def worker_targets(self) -> "list[str]":
     """Session targets (``grpc://127.0.0.1:port``) of the workers."""
     return [w.target for w in self.workers]

@@ -36,7 +36,7 @@ _ROOT_PREEMPTION = re.compile(
     r"(?:^|\n)\s*(?:\(\d+\)\s*)?(?:ABORTED|UNAVAILABLE|Aborted|Unavailable):")
 
 
-def is_recoverable_error(error):
+def is_recoverable_error(error: BaseException) -> bool:
   """Whether ``error`` means a task restarted, so a new session recovers.
 
   True for what MonitoredSession already recovers from (``AbortedError``,

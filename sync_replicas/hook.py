@@ -10,6 +10,7 @@ own (``_stats.StatsLogger`` says why), and logs them.
 """
 
 import logging
+import typing
 
 import tensorflow as tf
 
@@ -18,6 +19,9 @@ from sync_replicas import _runner
 from sync_replicas import _stats
 from sync_replicas import _timeline_hook
 from sync_replicas import errors
+
+if typing.TYPE_CHECKING:  # The optimizer module imports this one.
+  from sync_replicas import optimizer as optimizer_lib
 
 _LOG = logging.getLogger(__name__)
 
@@ -36,7 +40,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
   ``Estimator.train(hooks=...)``).
   """
 
-  def __init__(self, sync_optimizer, is_chief, num_tokens=-1):
+  def __init__(self, sync_optimizer: "optimizer_lib.SyncReplicasOptimizer",
+               is_chief: bool, num_tokens: int = -1) -> None:
     """Creates hook to handle SyncReplicasOptimizer initialization ops.
 
     Args:
@@ -55,20 +60,21 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._sync_optimizer = sync_optimizer
     self._is_chief = bool(is_chief)
     self._num_tokens = num_tokens
-    self._local_init_op = None
+    # Set by begin(), which a session runs before every other callback.
+    self._local_init_op: tf.Operation = None
     self._ready_for_local_init_op = None
     self._q_runner = None
     self._init_tokens_op = None
-    self._stats_logger = None
+    self._stats_logger: "_stats.StatsLogger | None" = None
     self._timeline = None
     # The chief's runs, for its runner's stop: recovery or end of training.
     self._run_state = None
 
   @property
-  def is_chief(self):
+  def is_chief(self) -> bool:
     return self._is_chief
 
-  def begin(self):
+  def begin(self) -> None:
     opt = self._sync_optimizer
     if not opt.is_built:
       raise errors.NotBuiltError(
@@ -92,7 +98,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           opt.statistics_tensors, every_runs=options.statistics_log_steps,
           is_chief=self._is_chief)
 
-  def after_create_session(self, session, coord):
+  def after_create_session(self, session: "tf.compat.v1.Session",
+                           coord: "tf.train.Coordinator") -> None:
     """Runs SyncReplicasOptimizer initialization ops."""
     if self._q_runner is not None and not (
         self._q_runner.wait_for_earlier_sessions(EARLIER_LOOP_TIMEOUT_SECS)):
@@ -121,17 +128,21 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self._q_runner.create_threads(
           session, coord=coord, daemon=True, start=True)
 
-  def before_run(self, run_context):
+  def before_run(
+      self, run_context: "tf.compat.v1.train.SessionRunContext"
+  ) -> "tf.compat.v1.train.SessionRunArgs | None":
     if self._run_state is not None:
       self._run_state.in_run = self._run_state.ran = True
-    fetches = {}
+    fetches: "dict[str, typing.Any]" = {}
     marks = (self._timeline.before_run(run_context.original_args.fetches)
              if self._timeline is not None else None)
     if marks:
       fetches[_timeline_hook.KEY] = marks
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
-  def after_run(self, run_context, run_values):
+  def after_run(
+      self, run_context: "tf.compat.v1.train.SessionRunContext",
+      run_values: "tf.compat.v1.train.SessionRunValues") -> None:
     if self._run_state is not None:
       self._run_state.in_run = False
     results = dict(run_values.results or {})
@@ -140,7 +151,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     if self._stats_logger is not None:
       self._stats_logger.after_run(run_context.session)
 
-  def end(self, session):
+  def end(self, session: "tf.compat.v1.Session") -> None:
     """MonitoredSession calls it only when training ends, never when it
     recreates the session after an error in a run: the chief's runner then
     closes the token queue (workers end), and otherwise keeps it open."""

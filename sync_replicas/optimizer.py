@@ -21,6 +21,7 @@ The protocol (stock's, unchanged):
 
 import collections
 import logging
+import typing
 
 import tensorflow as tf
 
@@ -43,6 +44,11 @@ from sync_replicas import _wrapped
 from sync_replicas import hook as hook_lib
 
 _LOG = logging.getLogger(__name__)
+
+# Types of stock's arguments, for annotations. TensorFlow ships no type
+# information: they tell readers, and type checkers read them as Any.
+_Averages = typing.Optional[tf.train.ExponentialMovingAverage]
+_Variables = typing.Optional[typing.Sequence[tf.Variable]]
 
 
 class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
@@ -75,16 +81,20 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       the chief has initialized the model.
   """
 
+  # What apply_gradients built (None before it), for type checkers.
+  _state: "_Built | None"
+  _chief_queue_runner: "tf.compat.v1.train.QueueRunner | None"
+
   def __init__(self,
-               opt,
-               replicas_to_aggregate,
-               total_num_replicas=None,
-               variable_averages=None,
-               variables_to_average=None,
-               use_locking=False,
-               name="sync_replicas",
+               opt: typing.Any,
+               replicas_to_aggregate: int,
+               total_num_replicas: "int | None" = None,
+               variable_averages: _Averages = None,
+               variables_to_average: _Variables = None,
+               use_locking: bool = False, name: str = "sync_replicas",
                *,
-               prompt_stop=True, stall_log_secs=60.0, stall_timeout_secs=None,
+               prompt_stop: bool = True, stall_log_secs: "float | None" = 60.0,
+               stall_timeout_secs: "float | None" = None,
                statistics: bool = False, timeline_dir: "str | None" = None,
                statistics_log_steps: "int | None" = 100,
                fuse_dense_gradients: bool = False,
@@ -95,7 +105,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
-               aggregation_deadline_secs: "float | None" = None):
+               aggregation_deadline_secs: "float | None" = None) -> None:
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -139,48 +149,48 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
   # ---------------------------------------------------------------- accessors
 
   @property
-  def options(self):
+  def options(self) -> "_options.Options":
     """The frozen ``_options.Options`` this optimizer was built with."""
     return self._options
 
   @property
-  def is_built(self):
+  def is_built(self) -> bool:
     """True once ``apply_gradients`` has built the synchronization ops."""
     return self._state is not None
 
   @property
-  def global_step(self):
+  def global_step(self) -> tf.Variable:
     """The global step passed to ``apply_gradients``."""
     return self._built("global_step", self._state).global_step
 
   @property
-  def local_step(self):
+  def local_step(self) -> tf.Variable:
     """This worker's ``sync_rep_local_step`` variable."""
     return self._built("local_step", self._state).local_step
 
   @property
-  def token_queue(self):
+  def token_queue(self) -> "tf.queue.FIFOQueue":
     """The ``sync_token_q`` queue."""
     return self._built("token_queue", self._state).tokens.token_queue
 
   @property
-  def accumulators(self):
+  def accumulators(self) -> "list[tuple[typing.Any, str]]":
     """``(accumulator, device)`` pairs, one per variable with a gradient."""
     return [(a.accumulator, a.device)
             for a in self._built("accumulators", self._state).accumulators]
 
   @property
-  def statistics_tensors(self):
+  def statistics_tensors(self) -> "dict[str, tf.Tensor]":
     """Statistics scalars by tag suffix (``"worker/tokens_taken"``); empty
     when built with ``statistics=False``."""
     return dict(self._built("statistics_tensors", self._state).stats.tensors)
 
   @property
-  def timeline(self):
+  def timeline(self) -> "_timeline.Timeline | _timeline.NoTimeline":
     """The timeline's marks (``_timeline``; ``NoTimeline`` without one)."""
     return self._built("timeline", self._state).timeline
 
-  def sync_manifest(self):
+  def sync_manifest(self) -> "dict[str, typing.Any]":
     """What a status tool needs to find this job's sync state on the ps.
 
     Returns:
@@ -202,7 +212,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         local_step=state.local_step,
         generations_shared_name=state.generations.shared_name)
 
-  def write_sync_manifest(self, path):
+  def write_sync_manifest(self, path: str) -> str:
     """Writes ``sync_manifest()`` as JSON for ``sync-replicas-status``.
 
     Args:
@@ -216,21 +226,24 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     return _manifest.write(self.sync_manifest(), path)
 
   @property
-  def chief_init_op(self):
+  def chief_init_op(self) -> tf.Operation:
     return self._built("chief_init_op", self._state).chief_init_op
 
   @property
-  def local_step_init_op(self):
+  def local_step_init_op(self) -> tf.Operation:
     return self._built("local_step_init_op", self._state).local_step_init_op
 
   @property
-  def ready_for_local_init_op(self):
+  def ready_for_local_init_op(self) -> tf.Tensor:
     state = self._built("ready_for_local_init_op", self._state)
     return state.ready_for_local_init_op
 
   # ------------------------------------------------------------------ build
 
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+  def apply_gradients(
+      self, grads_and_vars: "typing.Iterable[tuple[typing.Any, tf.Variable]]",
+      global_step: "tf.Variable | None" = None,
+      name: "str | None" = None) -> tf.Operation:
     """Apply gradients to variables.
 
     Builds the accumulators, the chief's aggregate-apply-release op (run by
@@ -257,6 +270,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     del name  # Stock ignores it too; op names must match stock's.
     grads_and_vars = tuple(grads_and_vars)
     _validate(self, grads_and_vars, global_step)
+    assert global_step is not None  # For type checkers: _validate raised.
     b = _Build(self, self.get_name(), self._tokens, global_step)
     b.local_step_and_statistics()
     b.aggregation_count()
@@ -277,7 +291,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
 
   # ------------------------------------------------------------ chief side
 
-  def check_num_tokens(self, num_tokens):
+  def check_num_tokens(self, num_tokens: int) -> int:
     """Validates an initial token count; returns the count to enqueue.
 
     Args:
@@ -309,7 +323,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     return fill if fill is not None else tf.no_op(name="no_init_tokens")
 
   def make_checkpoint_saver_listener(
-      self, timeout_secs=_saves.DEFAULT_TIMEOUT_SECS):
+      self, timeout_secs: float = _saves.DEFAULT_TIMEOUT_SECS
+  ) -> "_saves.SavePauseListener":
     """Not in stock: a ``CheckpointSaverListener`` that keeps the chief's
     updates out of its checkpoint saves, so that none holds half an update.
     Pass it, first, to the chief's ``CheckpointSaverHook(listeners=...)``;
@@ -319,7 +334,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     runner = self.get_chief_queue_runner()  # Raises before the build.
     return _saves.SavePauseListener(runner.updates, timeout_secs)
 
-  def make_session_run_hook(self, is_chief, num_tokens=-1):
+  def make_session_run_hook(
+      self, is_chief: bool,
+      num_tokens: int = -1) -> "hook_lib.SyncReplicasOptimizerHook":
     """Creates a hook to handle SyncReplicasHook ops such as initialization.
 
     May be called before ``minimize()``; the hook reads the ops in

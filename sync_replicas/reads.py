@@ -17,6 +17,8 @@ the model must read its variables through it (Keras layers, which read their
 own weights, cannot).
 """
 
+import typing
+
 import tensorflow as tf
 
 from sync_replicas import _packing
@@ -55,7 +57,8 @@ def _key(var):
   return None
 
 
-def read_packed(variables, name="packed_reads"):
+def read_packed(variables: "typing.Sequence[tf.Variable]",
+                name: str = "packed_reads") -> "list[tf.Tensor]":
   """Reads ``variables``, one transfer per (ps task, dtype) for small ones.
 
   Variables of one device and dtype with at most

@@ -37,8 +37,12 @@ before the call is seen by it.
 """
 
 import types
+import typing
 
 from sync_replicas.optimizer import SyncReplicasOptimizer
+
+if typing.TYPE_CHECKING:  # Only the annotations name it.
+  import tensorflow as tf
 
 #: The tf-slim release this adapter is tested with (setup.cfg's test extra).
 TESTED_TF_SLIM = "1.1.0"
@@ -98,7 +102,8 @@ def _train_accepting_ours(learning):
   return clone
 
 
-def slim_train(train_op, logdir, *args, **kwargs):
+def slim_train(train_op: "tf.Tensor | tf.Operation", logdir: "str | None",
+               *args: typing.Any, **kwargs: typing.Any) -> typing.Any:
   """``tf_slim.learning.train``, accepting our optimizer as ``sync_optimizer``.
 
   Takes exactly ``tf_slim.learning.train``'s arguments, positional or by

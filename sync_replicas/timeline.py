@@ -40,6 +40,7 @@ import json
 import os
 import statistics
 import sys
+import typing
 
 from sync_replicas.cli import _cli
 
@@ -53,7 +54,7 @@ Step = collections.namedtuple(
     "Step", "task began grads pushed token step got stale")
 
 
-def read(directory):
+def read(directory: str) -> "tuple[list[Update], list[Step], list[str]]":
   """Reads every task's records: ``(updates, steps, tasks)``.
 
   Raises:
@@ -89,7 +90,8 @@ def read(directory):
   return updates, steps, tasks
 
 
-def clock_offsets(updates, steps):
+def clock_offsets(updates: "typing.Sequence[Update]",
+                  steps: "typing.Sequence[Step]") -> "dict[str, float]":
   """Seconds to add to each task's clock to put it on the chief's.
 
   Only what causality proves: a token for step S cannot arrive before the
@@ -102,7 +104,8 @@ def clock_offsets(updates, steps):
   for u in updates:
     began[u.step].append(u.began)
   chief = {u.task for u in updates}
-  offsets = collections.defaultdict(float)
+  offsets: "collections.defaultdict[str, float]" = (
+      collections.defaultdict(float))
   for s in steps:
     if s.task in chief or s.got not in began:
       continue
@@ -114,7 +117,9 @@ def clock_offsets(updates, steps):
   return {task: secs for task, secs in offsets.items() if secs > 0}
 
 
-def aligned(updates, steps):
+def aligned(
+    updates: "list[Update]", steps: "typing.Sequence[Step]"
+) -> "tuple[list[Update], list[Step], dict[str, float]]":
   """The records on the chief's clock, with each push judged stale or not.
 
   A push at local step L is stale when the global step was already past L
@@ -136,7 +141,8 @@ def aligned(updates, steps):
   return updates, shifted, offsets
 
 
-def waited_for(updates, steps):
+def waited_for(updates: "typing.Sequence[Update]",
+               steps: "typing.Sequence[Step]") -> "dict[int, str]":
   """For each update, the worker whose push the chief waited for last.
 
   Update to step S averages fresh pushes at local step S - 1; of those that
@@ -160,17 +166,18 @@ def waited_for(updates, steps):
   return verdict
 
 
-def summary(steps, last):
+def summary(steps: "typing.Sequence[Step]",
+            last: "dict[int, str]") -> "dict[str, dict[str, float]]":
   """Per task: updates waited for it last, steps, stale pushes, median wait.
 
   ``last`` is ``waited_for``'s answer, computed once for this and the trace.
   """
-  last = collections.Counter(last.values())
+  counts = collections.Counter(last.values())
   rows = {}
   for task in sorted({s.task for s in steps}):
     mine = [s for s in steps if s.task == task]
     rows[task] = {
-        "waited_for_last": last.get(task, 0),
+        "waited_for_last": counts.get(task, 0),
         "steps": len(mine),
         "stale_pushes": sum(1 for s in mine if s.stale),
         "median_token_wait_ms": round(
@@ -184,14 +191,17 @@ def summary(steps, last):
   return rows
 
 
-def straggler(rows):
+def straggler(rows: "dict[str, dict[str, float]]") -> "str | None":
   """The task most updates waited for last, or None for no updates."""
   if not rows or not any(r["waited_for_last"] for r in rows.values()):
     return None
   return max(rows, key=lambda t: rows[t]["waited_for_last"])
 
 
-def chrome_trace(updates, steps, offsets, last):
+def chrome_trace(updates: "typing.Sequence[Update]",
+                 steps: "typing.Sequence[Step]",
+                 offsets: "dict[str, float]",
+                 last: "dict[int, str]") -> "dict[str, typing.Any]":
   """The trace as a dict, ready for ``json.dump`` (``last``: ``waited_for``'s
   answer, put in each update's ``args.waited_for``)."""
   tasks = sorted({s.task for s in steps} | {u.task for u in updates})
@@ -217,7 +227,7 @@ def chrome_trace(updates, steps, offsets, last):
     events.append({"ph": "X", "name": name, "cat": "sync_replicas",
                    "pid": pid[task], "tid": tid, "ts": us(start),
                    "dur": max(us(end) - us(start), 0.0), "args": args})
-  previous = {}
+  previous: "dict[str, float]" = {}
   for s in steps:
     args = {"global_step": s.step, "token_step": s.got, "stale": s.stale}
     if s.task in previous:
@@ -245,7 +255,9 @@ _COLORS = {"between runs": "#f3e3a0", "compute": "#4c72b0", "push": "#dd8452", "
            "apply": "#55a868", "release tokens": "#8172b3"}
 
 
-def render(path, updates, steps, *, last=20, title=""):
+def render(path: str, updates: "typing.Sequence[Update]",
+           steps: "typing.Sequence[Step]", *, last: int = 20,
+           title: str = "") -> None:
   """A PNG of the last ``last`` updates: one row per task (matplotlib)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -296,7 +308,9 @@ def render(path, updates, steps, *, last=20, title=""):
   pyplot.close(fig)
 
 
-def merge(directory, *, out=None, png=None, last=20):
+def merge(
+    directory: str, *, out: "str | None" = None, png: "str | None" = None,
+    last: int = 20) -> "dict[str, dict[str, float]]":
   """Reads ``directory``, writes the trace (and PNG); returns the summary."""
   updates, steps, _ = read(directory)
   updates, steps, offsets = aligned(updates, steps)
@@ -316,7 +330,7 @@ def merge(directory, *, out=None, png=None, last=20):
 PROG = "sync-replicas-timeline"
 
 
-def main(argv=None):
+def main(argv: "typing.Sequence[str] | None" = None) -> int:
   """The console script ``sync-replicas-timeline``; returns the exit code."""
   # Ctrl-C ends it at once: it only reads the records and writes its files.
   return _cli.run(_main, argv, prog=PROG, exit_at_once=True)

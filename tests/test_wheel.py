@@ -88,7 +88,7 @@ def _copy_of_checkout(dest):
   """The checkout's files, without what a build or a run left in it."""
   shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(
       ".git", ".venv*", "runs", "build", "dist", "*.egg-info", "__pycache__",
-      ".pytest_cache"))
+      ".pytest_cache", ".mypy_cache", ".ruff_cache"))
   return dest
 
 
@@ -137,6 +137,8 @@ def test_wheel_holds_the_package_and_its_tools_and_nothing_else(venv):
                    (ROOT / "sync_replicas").rglob("*.py"))
   assert set(CLI_MODULES) <= set(names), names
   assert set(modules) <= set(names), sorted(set(modules) - set(names))
+  # PEP 561's marker: users' type checkers read the package's type hints.
+  assert "sync_replicas/py.typed" in names, names
   stray = [n for n in names if not re.match(
       r"(sync_replicas/|sync_replicas-[^/]+\.dist-info/)", n)]
   assert not stray, "the wheel holds more than the package: %s" % stray

@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 
 from sync_replicas import _ports
 from sync_replicas.cli import _cli
@@ -413,7 +414,7 @@ def _is_launch(argv):
              or a == "sync_replicas.cli.launch" for a in argv[:3])
 
 
-def main(argv=None):
+def main(argv: "typing.Sequence[str] | None" = None) -> int:
   """The console script ``sync-replicas-launch``; returns the exit code."""
   return _cli.run(_main, argv, prog=PROG)
 

@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+import typing
 
 from sync_replicas.cli import _cli
 
@@ -93,7 +94,9 @@ def _target(args):
       "host:port[,...] or set TF_CONFIG (got none of them).")
 
 
-def main(argv=None, *, out=None, clock=time.monotonic):
+def main(argv: "typing.Sequence[str] | None" = None, *,
+         out: "typing.TextIO | None" = None,
+         clock: "typing.Callable[[], float]" = time.monotonic) -> int:
   """The console script ``sync-replicas-status``; returns the exit code.
 
   Args:

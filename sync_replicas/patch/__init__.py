@@ -16,6 +16,7 @@ import logging
 import sys
 import threading
 import types
+import typing
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ _ACCESS_PATHS = (
 _lock = threading.RLock()
 #: While installed: stock's class, then (what was patched, how to undo it)
 #: for each change in the order made. Empty while not installed.
-_state = {}
+_state: "dict[str, typing.Any]" = {}
 
 
 class UnknownLayoutError(RuntimeError):
@@ -72,13 +73,13 @@ class Installation:
   (by the runner, say) leaves it patched.
   """
 
-  def __init__(self, *, installed_here):
+  def __init__(self, *, installed_here: bool) -> None:
     self.installed_here = installed_here
 
-  def __enter__(self):
+  def __enter__(self) -> "Installation":
     return self
 
-  def __exit__(self, *exc_info):
+  def __exit__(self, *exc_info: object) -> "typing.Literal[False]":
     if self.installed_here:
       uninstall()
     return False
@@ -106,12 +107,12 @@ class _ModuleWithOurs(types.ModuleType):
     return getattr(self.__dict__["_sync_replicas_stock_module"], name)
 
 
-def is_installed():
+def is_installed() -> bool:
   """True while stock's names point to ours."""
   return bool(_state)
 
 
-def stock_class():
+def stock_class() -> type:
   """Stock's ``SyncReplicasOptimizer``, patched or not (for side by side)."""
   with _lock:
     if _state:
@@ -119,14 +120,14 @@ def stock_class():
     return getattr(_stock_module(), _NAME)
 
 
-def replaced():
+def replaced() -> "list[str]":
   """Where ``SyncReplicasOptimizer`` is ours now: module names, in order."""
   with _lock:
     return [where for where, _ in _state.get("changes", [])
             if not where.startswith("(module) ")]
 
 
-def install():
+def install() -> Installation:
   """Points every TensorFlow name of stock's class to ours; idempotent.
 
   Imports TensorFlow (and ``tensorflow.compat.v1``) if not yet imported.
@@ -174,7 +175,7 @@ def install():
     return Installation(installed_here=True)
 
 
-def uninstall():
+def uninstall() -> None:
   """Puts stock's class back everywhere ``install()`` put ours; idempotent."""
   with _lock:
     changes = _state.get("changes", [])
@@ -335,7 +336,7 @@ class _ThenInstall(importlib.abc.Loader):
     return getattr(self._loader, name)
 
 
-def install_when_tensorflow_is_imported():
+def install_when_tensorflow_is_imported() -> None:
   """``install()`` now if TensorFlow is loaded, else right after its import."""
   if "tensorflow" in sys.modules:
     install()

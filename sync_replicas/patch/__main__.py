@@ -14,6 +14,7 @@ import os
 import runpy
 import signal
 import sys
+import typing
 
 import sync_replicas
 from sync_replicas import patch
@@ -153,7 +154,7 @@ def _run(kind, target, args):
   return 0
 
 
-def main(argv=None):
+def main(argv: "typing.Sequence[str] | None" = None) -> int:
   """The runner's entry point (also the ``sync-replicas-run`` command)."""
   argv = sys.argv[1:] if argv is None else argv
   try:
