@@ -211,7 +211,8 @@ def verdict(*, names, counts, tokens, replicas_to_aggregate, global_step,
     The text.
   """
   waiting = ["%s %d/%d" % (n, c, replicas_to_aggregate)
-             for n, c in zip(names, counts) if c < replicas_to_aggregate]
+             for n, c in zip(names, counts, strict=True)
+             if c < replicas_to_aggregate]
   text = ("update to step %d waits for gradients: %s; %d token(s) queued"
           % (global_step + 1, ", ".join(waiting) or "none (applying)", tokens))
   clause = replicas_clause(

@@ -76,7 +76,7 @@ def split_to_shapes(packed, shapes, *, name):
   """
   parts = tf.split(packed, [s.num_elements() for s in shapes], name=name)
   return [part if part.shape == shape else tf.reshape(part, shape)
-          for part, shape in zip(parts, shapes)]
+          for part, shape in zip(parts, shapes, strict=True)]
 
 
 def move_packed(items, key, tensor_of, *, packed_on_group_device,
@@ -111,7 +111,7 @@ def move_packed(items, key, tensor_of, *, packed_on_group_device,
     with unpacking:
       parts = split_to_shapes(arrive(packed), [t.shape for t in tensors],
                               name=split_name)
-    for i, part in zip(members, parts):
+    for i, part in zip(members, parts, strict=True):
       routed[i] = part
   return routed
 

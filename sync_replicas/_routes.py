@@ -54,7 +54,7 @@ class FusedAccumulators:
                                   arrive=stats.order_gradient)
       pushes.append(entry.push)
       entries.append(entry)
-      for (_, var), grad in zip(group.pairs, grads):
+      for (_, var), grad in zip(group.pairs, grads, strict=True):
         averaged[id(var)] = grad
     return averaged, Routes(pushes, [], entries)
 
@@ -75,7 +75,7 @@ class PackedTransfers:
 
     ``arrive`` is applied on the ps to each packed tensor, before its split.
     """
-    return _packing.pack(zip(prepared, variables),
+    return _packing.pack(zip(prepared, variables, strict=True),
                          scope=scope + "packed_transfers/", arrive=arrive)
 
 
@@ -120,7 +120,7 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
   variables = [var for _, var in grads_and_vars]
   routed = transfers(options).route(prepared, variables, scope=scope,
                                     arrive=stats.order_gradient)
-  for var, grad, on_ps in zip(variables, prepared, routed):
+  for var, grad, on_ps in zip(variables, prepared, routed, strict=True):
     if id(var) in fused:
       routes.aggregated.append((fused[id(var)], var))
       continue

@@ -214,7 +214,7 @@ def chief_callable(timeline, sess, sync_op, *, feed_list=None):
     began = time.time()
     _, *values = run(*feeds)
     writer.record(kind="update", began=began,
-                  **{n: v.item() for n, v in zip(names, values)})
+                  **{n: v.item() for n, v in zip(names, values, strict=True)})
   return run_and_record
 
 

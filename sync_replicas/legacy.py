@@ -452,7 +452,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       with tf.compat.v1.device(global_step.device), \
           tf.compat.v1.name_scope(""):
         update_op = self._opt.apply_gradients(
-            list(zip(aggregated, [var for _, var in grads_and_vars])),
+            list(zip(aggregated, [var for _, var in grads_and_vars],
+                     strict=True)),
             global_step)
       sync_token_queue, dummy_queue = _token_queues(global_step)
       clear_queue_ops = _clear_queues_after(

@@ -91,4 +91,4 @@ def read_packed(variables: "typing.Sequence[tf.Variable]",
         packed_on_group_device=True, concat_name="packed_values",
         split_name="unpacked_values")
   return [value if value is not None else tf.convert_to_tensor(var)
-          for var, value in zip(variables, values)]
+          for var, value in zip(variables, values, strict=True)]

@@ -185,8 +185,10 @@ def summary(steps: "typing.Sequence[Step]",
         "median_compute_ms": round(
             1000 * statistics.median(s.grads - s.began for s in mine), 3),
         # From a token to the next run: the task's input and Python.
+        # Each step with the next (strict=False: the last has none).
         "median_between_runs_ms": round(1000 * statistics.median(
-            [b.began - a.token for a, b in zip(mine, mine[1:])] or [0.0]), 3),
+            [b.began - a.token
+             for a, b in zip(mine, mine[1:], strict=False)] or [0.0]), 3),
     }
   return rows
 

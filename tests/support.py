@@ -525,7 +525,8 @@ class TFTestWorker:
             replicas_to_aggregate=replicas_to_aggregate,
             total_num_replicas=total_num_replicas)
         self.train_op = self.opt.apply_gradients(
-            zip([g0, g1, g_sparse], [self.v0, self.v1, self.v_sparse]),
+            zip([g0, g1, g_sparse], [self.v0, self.v1, self.v_sparse],
+                strict=True),
             global_step=self.global_step)
         hook = self.opt.make_session_run_hook(
             is_chief,

@@ -284,12 +284,13 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None, statistics=None):
     steps = []
     for want in STEPS_AFTER_ROUND:
       support.run_concurrently([(s.sess.run, w.train_op)
-                                for w, s in zip(workers, sessions)])
+                                for w, s in zip(workers, sessions,
+                                                strict=True)])
       support.wait_until(lambda: chief.run(workers[0].global_step) >= want,
                          timeout=30, what="global step %d" % want)
       steps.append(int(chief.run(workers[0].global_step)))
     local_steps = [int(s.sess.run(w.local_step))
-                   for w, s in zip(workers, sessions)]
+                   for w, s in zip(workers, sessions, strict=True)]
     values = chief.run(workers[0].w)
     if statistics is not None:
       # The update is counted after its tokens went out (the sync op, then
@@ -298,7 +299,7 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None, statistics=None):
       support.wait_until(lambda: chief.run(updates) == STEPS_AFTER_ROUND[-1],
                          timeout=30, what="the last update counted")
       statistics.extend(s.sess.run(w.opt.statistics_tensors)
-                        for w, s in zip(workers, sessions))
+                        for w, s in zip(workers, sessions, strict=True))
     if opt_cls is support.STOCK and sessions[0].threads:
       # Stock's close fails only if its runner is blocked in a take; it may
       # still be between two runs, and then it ends at the stop request.
@@ -398,12 +399,13 @@ def _train_with_an_early_push(opt_cls, step_dtype):
         chief_sess.run(chief.train_op, options=RUN_OPTIONS)
       else:
         support.run_concurrently([(s.run, w.train_op)
-                                  for w, s in zip((chief, other), sessions)])
+                                  for w, s in zip((chief, other), sessions,
+                                                strict=True)])
       support.wait_until(lambda: chief_sess.run(chief.global_step) >= want,
                          timeout=30, what="global step %d" % want)
       steps.append(int(chief_sess.run(chief.global_step)))
     local_steps = [int(s.run(w.local_step))
-                   for w, s in zip((chief, other), sessions)]
+                   for w, s in zip((chief, other), sessions, strict=True)]
     values = chief_sess.run(chief.w)
     if opt_cls is support.STOCK:
       support.wait_for_stock_runner_to_block(threads)

@@ -215,7 +215,7 @@ def test_digits_are_sklearns_own_bit_for_bit_without_importing_it(
   monkeypatch.setattr(_digits, "load_digits",
                       lambda: (want["data"], want["target"]))
   theirs = _digits.load(replica_index=1, num_replicas=3)
-  for got, expected in zip(ours, theirs):
+  for got, expected in zip(ours, theirs, strict=True):
     assert got.dtype == expected.dtype and np.array_equal(got, expected)
 
 

@@ -155,7 +155,8 @@ def _rewired(stock, ours, *, statistics=False):
       found.append("%s: %d data inputs, stock %d" % (
           op.name, len(mine.inputs), len(op.inputs)))
       continue
-    for i, (theirs, our) in enumerate(zip(op.inputs, mine.inputs)):
+    for i, (theirs, our) in enumerate(zip(op.inputs, mine.inputs,
+                                                 strict=True)):
       if theirs.name != our.name and not _documented(
           op, i, theirs, our, statistics=statistics):
         found.append("%s (%s) input %d: %s, stock %s" % (

@@ -76,8 +76,8 @@ def test_keras_legacy_optimizer_matches_the_v1_optimizer(name):
   if name == "sgd":
     test_parity.assert_same_runs(v1_runs, keras_runs)
   else:
-    for i, (a, b) in enumerate(zip(v1_runs, keras_runs)):
-      for j, (x, y) in enumerate(zip(a, b)):
+    for i, (a, b) in enumerate(zip(v1_runs, keras_runs, strict=True)):
+      for j, (x, y) in enumerate(zip(a, b, strict=True)):
         np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5,
                                    err_msg="wave %d, value %d" % (i, j))
   final = keras_runs[-1]

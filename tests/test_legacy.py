@@ -73,7 +73,8 @@ class Worker:
             replicas_to_aggregate=replicas_to_aggregate,
             replica_id=worker_id, total_num_replicas=total_num_replicas)
         self.train_op = self.opt.apply_gradients(
-            zip(grads, self.variables), global_step=self.global_step)
+            zip(grads, self.variables, strict=True),
+            global_step=self.global_step)
         self.init_tokens_op = self.opt.get_init_tokens_op(num_tokens)
         self.update_op = self.opt.get_chief_queue_runner().enqueue_ops[0]
         sizes = []
@@ -364,7 +365,7 @@ def supervised_worker(kind, cluster, worker_id, logdir):
         opt_cls = {"v2": legacy.SyncReplicasOptimizerV2,
                    "stock": support.STOCK}[kind]
         opt = opt_cls(sgd, replicas_to_aggregate=2, total_num_replicas=2)
-      train_op = opt.apply_gradients(zip(grads, [v0, v_sparse]),
+      train_op = opt.apply_gradients(zip(grads, [v0, v_sparse], strict=True),
                                      global_step=global_step)
       if kind == "legacy":
         local_step = opt.local_steps[worker_id]
@@ -560,7 +561,8 @@ def test_graph_follows_stock_0_11(graph):
     opt = legacy.SyncReplicasOptimizer(
         tf.compat.v1.train.GradientDescentOptimizer(1.0),
         replicas_to_aggregate=2, replica_id=1, total_num_replicas=3)
-    opt.apply_gradients(zip(grads, variables), global_step=global_step)
+    opt.apply_gradients(zip(grads, variables, strict=True),
+                        global_step=global_step)
 
   local_steps = opt.local_steps
   assert local_steps.op.name == "local_steps"

@@ -138,5 +138,5 @@ def test_public_api_is_annotated():
   assert not found, (
       "The public API must carry type hints (users' type checkers read them "
       "through sync_replicas/py.typed); these lack some:\n%s\nAnnotate every "
-      "parameter and the return (quote `X | None`: Python 3.9 is supported)."
+      "parameter and the return."
       % "\n".join(found))

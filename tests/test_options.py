@@ -51,7 +51,8 @@ def _documented_defaults():
     names, defaults = [re.findall(r"`([^`]+)`", cell)
                        for cell in line.split("|")[1:3]]
     assert len(names) == len(defaults), line
-    documented.update(zip(names, map(ast.literal_eval, defaults)))
+    documented.update(zip(names, map(ast.literal_eval, defaults),
+                                strict=True))
   return documented
 
 

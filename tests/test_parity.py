@@ -147,7 +147,7 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
     snapshots = []
     shadows = observer.read()[1:3] if averages else None
     last_step = 0
-    for wave, step in zip(waves, expected_steps):
+    for wave, step in zip(waves, expected_steps, strict=True):
       support.run_concurrently([(workers[w].step,) for w in wave])
       support.wait_until(lambda s=step: observer.read()[0] == s, timeout=20,
                          what="global_step == %d after wave %r" % (step, wave))
@@ -156,10 +156,10 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
         # shadows to take this update (decay 0.5 keeps them exact).
         values = observer.read()[1:3]
         shadows = [sh - (sh - v) * np.float32(1 - DECAY)
-                   for sh, v in zip(shadows, values)]
+                   for sh, v in zip(shadows, values, strict=True)]
         support.wait_until(
             lambda sh=shadows: all(np.array_equal(a, b) for a, b in zip(
-                observer.read()[5:7], sh)),
+                observer.read()[5:7], sh, strict=True)),
             timeout=20, what="moving averages of update %d" % step)
       last_step = step
       snapshots.append(observer.read())
@@ -173,8 +173,8 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
 
 def assert_same_runs(stock, ours):
   assert len(stock) == len(ours)
-  for i, (a, b) in enumerate(zip(stock, ours)):
-    for j, (x, y) in enumerate(zip(a, b)):
+  for i, (a, b) in enumerate(zip(stock, ours, strict=True)):
+    for j, (x, y) in enumerate(zip(a, b, strict=True)):
       np.testing.assert_array_equal(x, y, err_msg="wave %d, value %d" % (i, j))
 
 
@@ -431,7 +431,7 @@ def test_averages_before_tokens_are_current_when_a_worker_resumes():
         # wave 0, the tokens are out), so its average must already be
         # there: read without waiting.
         shadows = [sh - (sh - v) * np.float32(1 - DECAY)
-                   for sh, v in zip(shadows, state[1:3])]
+                   for sh, v in zip(shadows, state[1:3], strict=True)]
       np.testing.assert_array_equal(state[5], shadows[0],
                                     err_msg="wave %d" % wave)
       np.testing.assert_array_equal(state[6], shadows[1],

@@ -78,7 +78,8 @@ class _Tasks:
     self._program = tmp_path / "train.py"
     self._program.write_text(quick_start_program(README.read_text()))
     ports = _ports.free_ports(4)
-    self.ports = dict(zip(["ps", "worker0", "worker1", "worker2"], ports))
+    self.ports = dict(zip(["ps", "worker0", "worker1", "worker2"], ports,
+                          strict=True))
     self._hosts = ["--ps_host", "%s:%d" % (_ports.LOOPBACK, ports[0]),
                    "--worker_hosts", ",".join(
                        "%s:%d" % (_ports.LOOPBACK, p) for p in ports[1:])]

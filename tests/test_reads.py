@@ -89,10 +89,10 @@ def test_values_and_gradients_equal_plain_reads(use_resource):
     sess.run(init)
     want, got, want_g, got_g = sess.run(
         [plain, packed, grads_plain, grads_packed])
-  for v, a, b in zip(variables, want, got):
+  for v, a, b in zip(variables, want, got, strict=True):
     assert a.dtype == b.dtype and a.shape == b.shape, v.op.name
     np.testing.assert_array_equal(a, b, err_msg=v.op.name)
-  for v, a, b in zip(variables, want_g, got_g):
+  for v, a, b in zip(variables, want_g, got_g, strict=True):
     np.testing.assert_array_equal(a, b, err_msg="gradient of " + v.op.name)
 
   # One concatenation per (ps task, dtype) of two or more small variables,
@@ -175,7 +175,7 @@ def test_sync_training_through_packed_reads_equals_plain_reads(opt_cls):
                            timeout=20, what="global step %d" % expected)
       results[packed] = sess.run(variables + [global_step])
   assert results[False][-1] == results[True][-1] == 4
-  for a, b in zip(results[False], results[True]):
+  for a, b in zip(results[False], results[True], strict=True):
     np.testing.assert_array_equal(a, b)
 
 

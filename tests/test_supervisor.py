@@ -63,7 +63,8 @@ def _train(impl, *, grace):
   sessions = [sess for _, sess, _ in supervised]
   for _ in range(ROUNDS):
     support.run_concurrently(
-        [(sess.run, w.train_op) for w, sess in zip(workers, sessions)])
+        [(sess.run, w.train_op) for w, sess in zip(workers, sessions,
+                                                        strict=True)])
   chief_sess = sessions[0]
   # Round 2 is stale (its tokens carried step 0): ROUNDS - 1 updates.
   support.wait_until(
@@ -76,7 +77,7 @@ def test_two_worker_supervisor_stop_is_prompt():
   workers, svs, sessions, _ = _train(support.OURS,
                                      grace=support.STOCK_GRACE_SECS)
   try:
-    for w, sess in zip(workers, sessions):
+    for w, sess in zip(workers, sessions, strict=True):
       local = support.local_step_variable(w.graph)
       assert sess.run(local) == ROUNDS - 1  # Each took the newest token.
     assert not np.array_equal(sessions[0].run(workers[0].w), np.zeros(4))

@@ -169,7 +169,8 @@ def test_every_process_draws_ports_from_a_range_of_its_own(tmp_path, expected,
   assert len(ranges) == 5
   low, high = _run_tests.draw_port_range()
   assert ranges[0][0] >= low and ranges[-1][1] <= high
-  for (_, end), (start, _) in zip(ranges, ranges[1:]):
+  # Each range with the next (strict=False: the last has none).
+  for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
     assert end <= start  # Disjoint.
   assert all(b - a >= 100 for a, b in ranges)
 
@@ -393,7 +394,8 @@ def test_held_in_turns_stops_at_once_lets_go_between_turns_and_resumes():
   assert sent[-1] == signal.SIGCONT
   # Strict turns before the closing resume (sent whatever the last turn).
   turns = sent[:-1]
-  assert all(a != b for a, b in zip(turns, turns[1:])), sent
+  # Each signal with the next (strict=False: the last has none).
+  assert all(a != b for a, b in zip(turns, turns[1:], strict=False)), sent
   assert sent.count(signal.SIGSTOP) >= 3, sent
 
 

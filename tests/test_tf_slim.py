@@ -235,7 +235,7 @@ def runs(request):
 def test_slim_train_with_ours_matches_stock_bit_for_bit(runs):
   stock, ours = runs
   for got, want, name in zip(ours.variables, stock.variables,
-                             ["global_step", "w", "m"]):
+                             ["global_step", "w", "m"], strict=True):
     np.testing.assert_array_equal(got, want, err_msg=name)
   # The non-chief's last loss, computed from the same variables.
   assert ours.losses[1] == stock.losses[1]
@@ -288,7 +288,8 @@ def test_slim_train_accepts_stock_optimizer():
   via_adapter = Run(support.STOCK, sync_replicas.slim_train,
                     step_dtype=tf.int64)
   direct = Run(support.STOCK, tf_slim.learning.train, step_dtype=tf.int64)
-  for got, want in zip(via_adapter.variables, direct.variables):
+  for got, want in zip(via_adapter.variables, direct.variables,
+                           strict=True):
     np.testing.assert_array_equal(got, want)
   assert via_adapter.variables[0] == NUMBER_OF_STEPS
   # The adapter changes nothing for stock, its blocked stop included.

@@ -95,7 +95,9 @@ def build_model(scenario, rng):
   if scenario == "medium":
     sizes = [256, 1024, 512, 256, 10]
     h = _data(rng, (16, 256))
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+    # Each layer's width with the next's (strict=False: the last, the
+    # output's, has none).
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
       w = tf.compat.v1.get_variable("w%d" % i, [a, b])
       bias = tf.compat.v1.get_variable("b%d" % i, [b],
                                        initializer=tf.zeros_initializer())

@@ -77,7 +77,8 @@ def metrics(records):
   runs = sum(1 for r in records for t, _ in r["steps_at"]
              if first[0] < t <= last[0])
   lat = sorted(l for r in records
-               for (t, _), l in zip(r["steps_at"], r["latencies"])
+               for (t, _), l in zip(r["steps_at"], r["latencies"],
+                                    strict=True)
                if first[0] < t <= last[0])
   pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)] * 1000
   cpu_at = chief.get("cpu_at") or []
@@ -229,7 +230,7 @@ def summarize(rows):
         continue
       variant = dict(zip(("vs_ours_grads", "vs_ours_grads_interval",
                           "vs_ours_grads_coverage", "vs_ours_verdict"),
-                         _judged(vs_ours)))
+                         _judged(vs_ours), strict=True))
       variant["vs_ours_steps"] = ratio(name, "ours", "global_steps_per_s")
       variant["vs_stock_grads"] = ratio(name, "stock", "grads_per_s")
       variant["reps"] = len(vs_ours)
@@ -353,10 +354,12 @@ def plot(summary, path):
   medians = [e["ours_vs_stock_grads"] or 0 for e in summary]
   # The interval of each median (none for a single repetition).
   spans = [e.get("ours_vs_stock_grads_interval") or (m, m)
-           for e, m in zip(summary, medians)]
+           for e, m in zip(summary, medians, strict=True)]
   ax.bar([x - width / 2 for x in xs], medians, width,
-         yerr=[[max(m - lo, 0) for m, (lo, _) in zip(medians, spans)],
-               [max(hi - m, 0) for m, (_, hi) in zip(medians, spans)]],
+         yerr=[[max(m - lo, 0)
+                for m, (lo, _) in zip(medians, spans, strict=True)],
+               [max(hi - m, 0)
+                for m, (_, hi) in zip(medians, spans, strict=True)]],
          capsize=2, label="ours / stock (gradients/s), with interval")
   ax.bar([x + width / 2 for x in xs],
          [e["ours_sync_vs_async_grads"] or 0 for e in summary], width,

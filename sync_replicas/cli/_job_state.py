@@ -61,7 +61,8 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
            "  tokens queued: %d (each update releases %d)"
            % (state["tokens"], manifest["tokens_per_step"]),
            "  accumulators (fresh gradients / needed):"]
-  for entry, count in zip(manifest["accumulators"], state["counts"]):
+  for entry, count in zip(manifest["accumulators"], state["counts"],
+                          strict=True):
     lines.append("    %-40s %d/%d  %s%s" % (
         entry["variable"], count, needed, entry["device"] or "(local)",
         "  sparse" if entry["sparse"] else ""))
@@ -115,7 +116,8 @@ def watch(args, *, find_target, out, clock, prog):
   try:
     with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
       found = sess.run([check for _, check in checks])
-      missing = [what for (what, _), ok in zip(checks, found) if not ok]
+      missing = [what for (what, _), ok in zip(checks, found, strict=True)
+                 if not ok]
       if missing:
         _cli.say(prog, "%s holds no %s. The manifest is from another job or "
                  "run, the address is another job's, or the job's chief has "
