@@ -25,8 +25,8 @@ non-float dtype, without a device (a local run) or alone on their (ps task,
 dtype); reads made under control dependencies (packing would order the whole
 group after them); reads and consumers inside control flow or a function
 (a ``cond``'s or ``while_loop``'s own reads, which the rewrite cannot reach);
-and gathers, which read rows, not the variable. Control dependencies on a
-read are kept: the original read op stays in the graph, only its data edges
+and gathers, which read rows, not the variable. A read moves whole (every
+cross-task consumer) or stays whole. Control dependencies on a read are kept: the original read op stays in the graph, only its data edges
 to the other task move. Ordering against the token is what plain reads have:
 a step's reads are part of its own run, which starts after the previous
 run's token was taken; nothing in the graph ties either to the token.
@@ -145,14 +145,15 @@ class _Found:
     reads = []
     for op in source.consumers():
       if _is_read(op, var):
+        # A read moves whole or not at all: its consumers saw one value, and
+        # two reads of it could straddle an update the chief applies.
         edges = _edges(op.outputs[0], here)
-        flow = [e for e in edges if e[0].type in _CONTROL_FLOW]
-        rest = [e for e in edges if e[0].type not in _CONTROL_FLOW]
-        self.left_plain[CONTROL_FLOW] += len(flow)
-        if rest and op.control_inputs:
-          self.left_plain[CONTROL_DEPENDENCIES] += len(rest)
-        elif rest:
-          reads.append((op, rest))
+        if any(consumer.type in _CONTROL_FLOW for consumer, _ in edges):
+          self.left_plain[CONTROL_FLOW] += len(edges)
+        elif edges and op.control_inputs:
+          self.left_plain[CONTROL_DEPENDENCIES] += len(edges)
+        elif edges:
+          reads.append((op, edges))
       elif _task(op.device) != here and op.type in _CONTROL_FLOW:
         self.left_plain[CONTROL_FLOW] += 1
       elif _task(op.device) != here and op.type in _GATHERS:
@@ -179,15 +180,15 @@ class _Found:
 def _groups(packable):
   """Variables by (consumer task, variable device, dtype), in graph order.
 
-  A variable whose consumers sit on two tasks joins one group per task,
-  with the edges of that task. A consumer without a device (gradients
-  computed outside the worker's device scope) runs on the task its session
-  connects to: when one task is all the others name, it joins that task's
-  group instead of costing a transfer of its own.
+  Each read joins the group of its consumers' task, all its edges with it
+  (one value for all of them, as before). A consumer without a device
+  (gradients computed outside the worker's device scope) runs on the task
+  its session connects to: when one task is all the others name, its read
+  joins that task's group instead of costing a transfer of its own.
 
   Returns:
-    ``{(task, variable device, dtype): (split device, {var: [(read,
-    consumer, index), ...]})}``.
+    ``{(task, variable device, dtype): [split device, {var: [(read,
+    consumer, index), ...]}]}``.
   """
   named = {_task(consumer.device)
            for reads in packable.values() for _, edges in reads
@@ -196,14 +197,14 @@ def _groups(packable):
   groups = collections.OrderedDict()
   for var, reads in packable.items():
     for read, edges in reads:
-      for consumer, index in edges:
-        task = _task(consumer.device) if consumer.device else default
-        key = (task, var.device, var.dtype.base_dtype)
-        device, by_var = groups.setdefault(
-            key, [consumer.device, collections.OrderedDict()])
-        if not device and consumer.device:
-          groups[key][0] = consumer.device
-        by_var.setdefault(var, []).append((read, consumer, index))
+      devices = [c.device for c, _ in edges if c.device] or [""]
+      task = _task(devices[0]) if devices[0] else default
+      key = (task, var.device, var.dtype.base_dtype)
+      group = groups.setdefault(key, [devices[0], collections.OrderedDict()])
+      if not group[0]:
+        group[0] = devices[0]
+      group[1].setdefault(var, []).extend(
+          (read, consumer, index) for consumer, index in edges)
   return groups
 
 

@@ -25,6 +25,10 @@ from sync_replicas import _packing
 from sync_replicas import _rewired_reads
 
 SHARED = support.SharedCluster(num_workers=1, num_ps=2)
+# Closing stock's chief session ends its blocked queue-runner thread with a
+# CancelledError traceback: stock's known behaviour, not this test's failure.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning")
 LR = 0.5
 #: The global step after each push of a parity run.
 STEPS = (1, 1, 2, 3, 4)
@@ -223,6 +227,39 @@ def test_each_case_is_packed_or_counted(graph):
   assert left[_rewired_reads.CONTROL_FLOW] >= 1
   assert left[_rewired_reads.GATHER] >= 1
   assert _rewired_reads.NOT_FLOAT not in left  # No int variable trained.
+
+
+@pytest.mark.parametrize("use_resource", [True, False],
+                         ids=["resource", "ref"])
+def test_a_read_taken_into_v1_control_flow_stays_whole(graph, use_resource):
+  """A v1 cond or while_loop reads through Switch and Enter; a read one of
+  them takes keeps all its consumers (one value, as before)."""
+  tf.compat.v1.disable_control_flow_v2()
+  try:
+    with tf.compat.v1.device(_setter()), tf.compat.v1.variable_scope(
+        "", use_resource=use_resource):
+      a, b, c, d = [tf.compat.v1.get_variable(n, [2]) for n in "abcd"]
+      a_read = tf.convert_to_tensor(a)
+      loss = (tf.reduce_sum(a_read * tf.convert_to_tensor(b))
+              + tf.reduce_sum(tf.sin(tf.convert_to_tensor(d))))
+      loss += tf.cond(tf.constant(True), lambda: tf.reduce_sum(c * 2.0),
+                      lambda: tf.reduce_sum(a_read))
+      loss += tf.compat.v1.while_loop(
+          lambda i, x: i < 3, lambda i, x: (i + 1, x + tf.reduce_sum(c)),
+          [0, 0.0])[1]
+      opt = tf.compat.v1.train.GradientDescentOptimizer(LR)
+      grads_and_vars = opt.compute_gradients(loss, [a, b, c, d])
+      edges = [(op, i) for op in a_read.consumers()
+               for i, t in enumerate(op.inputs) if t.name == a_read.name]
+      report = _rewired_reads.rewire(grads_and_vars, scope="test/")
+  finally:
+    tf.compat.v1.enable_control_flow_v2()
+  # The setter put a and c on ps 0, b and d on ps 1: only the reads
+  # without a control-flow consumer moved.
+  assert sorted(var for _, var, _ in report.rewired) == ["b", "d"], report
+  assert report.left_plain[_rewired_reads.CONTROL_FLOW] >= 3
+  assert len(edges) >= 3  # The product, its gradient, the Switch.
+  assert all(op.inputs[i].name == a_read.name for op, i in edges)
 
 
 def test_non_float_and_deviceless_variables_stay_plain(graph):
