@@ -33,7 +33,6 @@ run's token was taken; nothing in the graph ties either to the token.
 """
 
 import collections
-import logging
 import os
 import typing
 
@@ -42,7 +41,9 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _packing
 
-_LOG = logging.getLogger(__name__)
+# The TensorFlow logger's child, as the statistics' lines: a script that
+# sets TensorFlow's verbosity to INFO sees the summary line.
+_LOG = tf.get_logger().getChild(__name__)
 
 #: Read by the optimizer's constructor when ``pack_variable_reads`` is None,
 #: so that a script run unchanged (``python -m sync_replicas.patch``) can

@@ -396,8 +396,9 @@ class _Build:
 
   def packed_variable_reads(self, grads_and_vars):
     """The model's reads rerouted, before any op of ours reads a variable."""
-    self.packed_reads = _rewired_reads.policy(
-        self.o.pack_variable_reads).build(grads_and_vars, scope=self.scope)
+    # What it did is logged; nothing later needs it.
+    _rewired_reads.policy(self.o.pack_variable_reads).build(
+        grads_and_vars, scope=self.scope)
 
   def local_step_and_statistics(self):
     """The worker-local step, the statistics and the workers' local init."""

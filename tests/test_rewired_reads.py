@@ -155,7 +155,8 @@ def test_packed_reads_train_to_stocks_numbers(style, caplog):
     want, _ = _train(style, support.STOCK)
     plain, plain_packs = _train(style, support.OURS,
                                 pack_variable_reads=False)
-    with caplog.at_level(logging.DEBUG, logger=_rewired_reads.__name__):
+    with caplog.at_level(logging.DEBUG,
+                         logger="tensorflow." + _rewired_reads.__name__):
       got, packs = _train(style, support.OURS, pack_variable_reads=True)
   except BaseException:
     SHARED.discard()
