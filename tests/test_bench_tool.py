@@ -121,7 +121,8 @@ def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
           for line in (out / "runs.jsonl").read_text().splitlines()]
   assert sorted(r["impl"] for r in rows) == [
       "async", "mwms", "mwms_ring", "ours", "packed"]
-  assert all(r["metrics"]["global_steps_per_s"] > 0 for r in rows), rows
+  assert all(r["metrics"]["global_steps_per_s"] > 0
+             and r["metrics"]["updates_per_cpu_s"] > 0 for r in rows), rows
   # Both MWMS workers stopped at the same step (its collectives need it).
   for raw in map(json.loads, (out / "tasks" / "records.jsonl").read_text(
       ).splitlines()):
@@ -132,6 +133,7 @@ def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
   assert sorted(entry["vs_peer"]) == ["async", "ours", "packed"]
   table = (out / "table.txt").read_text()
   assert "| small | 2 |" in table and "| packed / MWMS |" in table, table
+  assert "updates per CPU-second of the whole job" in table, table
 
 
 def test_median_interval_is_the_sign_test_interval():

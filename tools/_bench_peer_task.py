@@ -172,6 +172,7 @@ def train(strategy, spec, task, *, session_ready, wait_start):
       "start_secs": started - built, "train_secs": left - started,
       "read_ms_p50": None,
       "other_cores": task_lib.other_cores(cpu_at_first, cpu_at_last),
+      "job_cpu_secs": task_lib.job_cpu_secs(cpu_at_first, cpu_at_last),
       "optimizer_options": {"communication": spec.impl},
   }
 

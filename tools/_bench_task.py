@@ -260,6 +260,9 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       # CPU the rest of the machine used while this worker trained (after
       # its first step), in cores: the noise the run saw.
       "other_cores": other_cores(cpu_at_first, cpu_at_last),
+      # The job's CPU from the chief's first step to its last: with the
+      # global steps between them, the updates per CPU-second.
+      "job_cpu_secs": job_cpu_secs(cpu_at_first, cpu_at_last),
       # The keyword options the optimizer was built with: what the run
       # measured (a variant's options reach the constructor, or nothing).
       "optimizer_options": kwargs,
@@ -282,6 +285,14 @@ def cpu_snapshot(pids):
   except (OSError, ValueError, IndexError):
     return None
   return time.monotonic(), busy, own
+
+
+def job_cpu_secs(first, last):
+  """CPU seconds the pool's own processes used between two ``cpu_snapshot``s
+  (the whole job: ps and workers, or a peer's workers), or None."""
+  if first is None or last is None:
+    return None
+  return (last[2] - first[2]) / os.sysconf("SC_CLK_TCK")
 
 
 def other_cores(first, last):

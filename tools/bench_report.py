@@ -87,7 +87,13 @@ def metrics(records):
   chief_cpu_ms = (
       (cpu_at[-1] - cpu_at[index]) * 1000 / updates
       if len(cpu_at) == len(steps_at) and updates > 0 else None)
+  job_cpu = chief.get("job_cpu_secs")
+  span = steps_at[-1][1] - steps_at[0][1]
   return {
+      # The job's updates per CPU-second of all its processes (ps, workers,
+      # the chief's loop; a peer's workers), from the chief's first step to
+      # its last: what the job costs on cores it shares.
+      "updates_per_cpu_s": span / job_cpu if job_cpu and span > 0 else None,
       "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
       "global_steps_per_s": (last[1] - first[1]) / window,
       "grads_per_s": runs / window,
@@ -212,7 +218,7 @@ def summarize(rows):
     for metric in ("global_steps_per_s", "grads_per_s", "step_ms_p50",
                    "step_ms_p95", "chief_close_s", "first_step_s",
                    "peak_rss_mb", "ps_peak_rss_mb", "read_ms_p50",
-                   "chief_cpu_ms_per_update"):
+                   "chief_cpu_ms_per_update", "updates_per_cpu_s"):
       for impl in ALL_IMPLS + variants:
         vals = [m[impl][metric] for m in reps.values()
                 if impl in m and m[impl].get(metric) is not None]
@@ -300,6 +306,12 @@ def peers_table(summary):
         e["scenario"], e["workers"], " | ".join(
             _fmt(e.get("%s_global_steps_per_s" % i), "%.1f") for i in impls),
         " | ".join(ratios)))
+  lines += ["", "updates per CPU-second of the whole job (every process of "
+            "it; medians):", "", "| model | W | " + " | ".join(impls) + " |",
+            "|---|---|" + "---|" * len(impls)]
+  for e in cells:
+    lines.append("| %s | %d | %s |" % (e["scenario"], e["workers"], " | ".join(
+        _fmt(e.get("%s_updates_per_cpu_s" % i), "%.1f") for i in impls)))
   return lines
 
 
