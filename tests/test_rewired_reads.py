@@ -235,6 +235,7 @@ def test_each_case_is_packed_or_counted(graph):
 def test_a_read_taken_into_v1_control_flow_stays_whole(graph, use_resource):
   """A v1 cond or while_loop reads through Switch and Enter; a read one of
   them takes keeps all its consumers (one value, as before)."""
+  was_v2 = tf.compat.v1.control_flow_v2_enabled()
   tf.compat.v1.disable_control_flow_v2()
   try:
     with tf.compat.v1.device(_setter()), tf.compat.v1.variable_scope(
@@ -254,13 +255,36 @@ def test_a_read_taken_into_v1_control_flow_stays_whole(graph, use_resource):
                for i, t in enumerate(op.inputs) if t.name == a_read.name]
       report = _rewired_reads.rewire(grads_and_vars, scope="test/")
   finally:
-    tf.compat.v1.enable_control_flow_v2()
+    if was_v2:
+      tf.compat.v1.enable_control_flow_v2()
   # The setter put a and c on ps 0, b and d on ps 1: only the reads
   # without a control-flow consumer moved.
   assert sorted(var for _, var, _ in report.rewired) == ["b", "d"], report
   assert report.left_plain[_rewired_reads.CONTROL_FLOW] >= 3
   assert len(edges) >= 3  # The product, its gradient, the Switch.
   assert all(op.inputs[i].name == a_read.name for op, i in edges)
+
+
+def test_minimize_under_control_dependencies_orders_no_packed_read(graph):
+  """The batch-norm recipe, minimize under control_dependencies(update_ops):
+  the packed reads must not wait for ops that consume the model's reads (a
+  cycle) or for anything else a plain read did not wait for."""
+  with tf.compat.v1.device(_setter()):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    loss, _ = _v1_model(True)()
+    with tf.compat.v1.device("/job:ps/task:0"):
+      seen = tf.compat.v1.get_variable("seen", [], trainable=False)
+    update_ops = [tf.compat.v1.assign_add(seen, loss)]
+    opt = sync_replicas.SyncReplicasOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(LR), 1,
+        pack_variable_reads=True)
+    with tf.control_dependencies(update_ops):
+      opt.minimize(loss, global_step=global_step)
+  packed = [op for op in graph.get_operations()
+            if "/packed_reads/" in op.name]
+  assert any(op.type == "ConcatV2" for op in packed)
+  assert all(not op.control_inputs for op in packed), [
+      (op.name, op.control_inputs) for op in packed if op.control_inputs]
 
 
 def test_non_float_and_deviceless_variables_stay_plain(graph):
