@@ -134,6 +134,12 @@ def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
   table = (out / "table.txt").read_text()
   assert "| small | 2 |" in table and "| packed / MWMS |" in table, table
   assert "updates per CPU-second of the whole job" in table, table
+  # The ps pool's CPU per update names the ps and both workers; a peer's,
+  # its two workers.
+  assert sorted(entry["ours_task_cpu_ms_per_update"]) == [
+      "ps0", "worker0", "worker1"], entry
+  assert sorted(entry["mwms_task_cpu_ms_per_update"]) == [
+      "worker0", "worker1"], entry
 
 
 def test_median_interval_is_the_sign_test_interval():

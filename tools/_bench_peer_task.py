@@ -173,6 +173,8 @@ def train(strategy, spec, task, *, session_ready, wait_start):
       "read_ms_p50": None,
       "other_cores": task_lib.other_cores(cpu_at_first, cpu_at_last),
       "job_cpu_secs": task_lib.job_cpu_secs(cpu_at_first, cpu_at_last),
+      "task_cpu_secs": task_lib.task_cpu_secs(cpu_at_first, cpu_at_last,
+                                              spec.cluster),
       "optimizer_options": {"communication": spec.impl},
   }
 

@@ -263,6 +263,8 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       # The job's CPU from the chief's first step to its last: with the
       # global steps between them, the updates per CPU-second.
       "job_cpu_secs": job_cpu_secs(cpu_at_first, cpu_at_last),
+      "task_cpu_secs": task_cpu_secs(cpu_at_first, cpu_at_last,
+                                     spec.cluster),
       # The keyword options the optimizer was built with: what the run
       # measured (a variant's options reach the constructor, or nothing).
       "optimizer_options": kwargs,
@@ -270,21 +272,22 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
 
 
 def cpu_snapshot(pids):
-  """(time, busy CPU ticks of the machine, CPU ticks of ``pids``) or None."""
+  """(time, busy CPU ticks of the machine, CPU ticks of ``pids``, each
+  pid's CPU ticks in ``pids``' order) or None."""
   if not pids:
     return None
   try:
     with open("/proc/stat") as f:
       ticks = [int(x) for x in f.readline().split()[1:]]
     busy = sum(ticks) - ticks[3] - ticks[4]  # Not idle, not iowait.
-    own = 0
+    each = []
     for pid in pids:
       with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-      own += int(fields[11]) + int(fields[12])  # utime + stime.
+      each.append(int(fields[11]) + int(fields[12]))  # utime + stime.
   except (OSError, ValueError, IndexError):
     return None
-  return time.monotonic(), busy, own
+  return time.monotonic(), busy, sum(each), each
 
 
 def job_cpu_secs(first, last):
@@ -293,6 +296,18 @@ def job_cpu_secs(first, last):
   if first is None or last is None:
     return None
   return (last[2] - first[2]) / os.sysconf("SC_CLK_TCK")
+
+
+def task_cpu_secs(first, last, cluster):
+  """``{task: CPU seconds}`` between two ``cpu_snapshot``s, each process of
+  the pool named by its task (``ps0``, ``worker0``, ...; the pool lists the
+  ps first), or None."""
+  if first is None or last is None:
+    return None
+  names = ["%s%d" % (job, i) for job in ("ps", "worker")
+           for i in range(len(cluster.get(job, [])))]
+  return {name: (b - a) / os.sysconf("SC_CLK_TCK")
+          for name, a, b in zip(names, first[3], last[3])}
 
 
 def other_cores(first, last):

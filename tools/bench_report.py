@@ -94,6 +94,11 @@ def metrics(records):
       # the chief's loop; a peer's workers), from the chief's first step to
       # its last: what the job costs on cores it shares.
       "updates_per_cpu_s": span / job_cpu if job_cpu and span > 0 else None,
+      # The same CPU per update, per process (ps0, worker0 the chief, ...).
+      "task_cpu_ms_per_update": (
+          {task: secs * 1000 / span
+           for task, secs in chief["task_cpu_secs"].items()}
+          if chief.get("task_cpu_secs") and span > 0 else None),
       "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
       "global_steps_per_s": (last[1] - first[1]) / window,
       "grads_per_s": runs / window,
@@ -225,6 +230,14 @@ def summarize(rows):
         if vals:
           entry["%s_%s" % (impl, metric)] = statistics.median(vals)
 
+    for impl in ALL_IMPLS + variants:
+      by_task = [m[impl]["task_cpu_ms_per_update"] for m in reps.values()
+                 if impl in m and m[impl].get("task_cpu_ms_per_update")]
+      if by_task:
+        entry["%s_task_cpu_ms_per_update" % impl] = {
+            task: statistics.median(t[task] for t in by_task if task in t)
+            for task in sorted({k for t in by_task for k in t})}
+
     def ratios(a, b, metric):
       return [m[a][metric] / m[b][metric] for m in reps.values()
               if a in m and b in m and m[b][metric] > 0]
@@ -312,6 +325,15 @@ def peers_table(summary):
   for e in cells:
     lines.append("| %s | %d | %s |" % (e["scenario"], e["workers"], " | ".join(
         _fmt(e.get("%s_updates_per_cpu_s" % i), "%.1f") for i in impls)))
+  lines += ["", "CPU ms per update, by process (worker0 is the chief; "
+            "medians):", ""]
+  for e in cells:
+    for i in impls:
+      by_task = e.get("%s_task_cpu_ms_per_update" % i)
+      if by_task:
+        lines.append("%s W=%d %s: %s" % (
+            e["scenario"], e["workers"], i, ", ".join(
+                "%s %.2f" % kv for kv in by_task.items())))
   return lines
 
 
