@@ -26,10 +26,12 @@ dtype); reads made under control dependencies (packing would order the whole
 group after them); reads and consumers inside control flow or a function
 (a ``cond``'s or ``while_loop``'s own reads, which the rewrite cannot reach);
 and gathers, which read rows, not the variable. A read moves whole (every
-cross-task consumer) or stays whole. Control dependencies on a read are kept: the original read op stays in the graph, only its data edges
-to the other task move. Ordering against the token is what plain reads have:
-a step's reads are part of its own run, which starts after the previous
-run's token was taken; nothing in the graph ties either to the token.
+cross-task consumer) or stays whole: its consumers saw one value, and two
+reads could straddle an update the chief applies. Control dependencies on a
+read are kept: the original read op stays in the graph, only its data edges
+to the other task move. Ordering against the token is what plain reads
+have: a step's reads are part of its own run, which starts after the
+previous run's token was taken; nothing in the graph ties either to it.
 """
 
 import collections

@@ -185,11 +185,11 @@ def serve(spec):
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": spec.cluster,
       "task": {"type": spec.job, "index": spec.task}})
-  implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
-                           spec.communication)
+  experimental = tf.distribute.experimental
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
-      communication_options=tf.distribute.experimental.CommunicationOptions(
-          implementation=implementation))
+      communication_options=experimental.CommunicationOptions(
+          implementation=getattr(experimental.CommunicationImplementation,
+                                 spec.communication)))
   channel.send({protocol.UP: "mwms", protocol.PID: os.getpid()})
   while True:
     command = channel.receive()

@@ -4,7 +4,8 @@
   .venv/bin/python tools/profile_fused.py                    # medium, W=1
   .venv/bin/python tools/profile_fused.py --scenario many --steps 40
   .venv/bin/python tools/profile_fused.py --scenario mlp --variant default={} \
-      --variant 'fused_packed={"fuse_dense_gradients": true, "pack_variable_reads": true}'
+      --variant 'fused_packed={"fuse_dense_gradients": true,
+                               "pack_variable_reads": true}'
 
 Fusing copies every dense gradient of a ps task into one tensor on the
 worker (ConcatV2), pushes that tensor into one accumulator, and on the ps
