@@ -173,3 +173,14 @@ def is_ref_variable(var):
 STOCK_SYNC_REPLICAS_MODULE = (
     "tensorflow.python.training.sync_replicas_optimizer")
 STOCK_SYNC_REPLICAS_API_MODULE = "tensorflow._api.v2.compat.v1.train"
+
+
+def update_input(op, index, tensor):
+  """Makes ``op`` take ``tensor`` as its input ``index``.
+
+  TensorFlow has no public way to edit an op's inputs in place; the private
+  ``Operation._update_input`` (the C API's UpdateEdge) has done it from 1.x
+  to 2.21 unchanged. ``pack_variable_reads`` needs it: the model, built
+  by the user's code, exists before the optimizer sees it.
+  """
+  op._update_input(index, tensor)  # pylint: disable=protected-access

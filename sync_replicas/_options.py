@@ -13,6 +13,7 @@ import numbers
 from typing import Any, Optional
 
 from sync_replicas import _checks
+from sync_replicas import _rewired_reads
 from sync_replicas import _timeline
 from sync_replicas import _tokens
 
@@ -110,6 +111,14 @@ class Options:
       ``sync-replicas-timeline`` to merge into one trace. None
       (default): the environment variable ``SYNC_REPLICAS_TIMELINE`` if set,
       else no timeline and nothing of it in the graph.
+    pack_variable_reads: Not in stock. True: at the start of
+      ``apply_gradients`` the reads of the trained variables that another
+      task consumes (the worker's forward pass and its gradient ops) are
+      rerouted to one packed read per (ps task, dtype), whoever built the
+      model (``_rewired_reads``); same numbers, one transfer instead of one
+      per variable. False: the model's graph is left as it is. The
+      constructor's None (default) reads the environment variable
+      ``SYNC_REPLICAS_PACK_VARIABLE_READS`` (1 or 0; unset: False).
   """
 
   replicas_to_aggregate: int
@@ -131,6 +140,7 @@ class Options:
   min_replicas_to_aggregate: Optional[int] = None
   aggregation_deadline_secs: Optional[float] = None
   timeline_dir: Optional[str] = None
+  pack_variable_reads: bool = False
 
   @property
   def tokens_per_step(self) -> int:
@@ -187,7 +197,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  prompt_stop, stall_log_secs, stall_timeout_secs,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
-                 timeline_dir, **unchecked):
+                 timeline_dir, pack_variable_reads, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -203,6 +213,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                      replicas_to_aggregate=r, prompt_stop=prompt_stop)
   _checks.averages(variable_averages, variables_to_average)
   _timeline.directory_from(timeline_dir)
+  _rewired_reads.enabled_from(pack_variable_reads)
 
 
 def make(r, t, **extras):
@@ -222,5 +233,7 @@ def make(r, t, **extras):
       combine_sparse_duplicates=(bool(extras["combine_sparse_duplicates"])
                                  or reduction != _checks.ROW_MEAN),
       statistics_log_steps=extras["statistics_log_steps"] or 0,
-      timeline_dir=_timeline.directory_from(extras["timeline_dir"]))
+      timeline_dir=_timeline.directory_from(extras["timeline_dir"]),
+      pack_variable_reads=_rewired_reads.enabled_from(
+          extras["pack_variable_reads"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)

@@ -33,6 +33,7 @@ from sync_replicas import _keras
 from sync_replicas import _manifest
 from sync_replicas import _options
 from sync_replicas import _restart
+from sync_replicas import _rewired_reads
 from sync_replicas import _routes
 from sync_replicas import _saves
 from sync_replicas import _runner
@@ -105,7 +106,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
-               aggregation_deadline_secs: "float | None" = None) -> None:
+               aggregation_deadline_secs: "float | None" = None,
+               pack_variable_reads: "bool | None" = None) -> None:
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -121,15 +123,13 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       variables_to_average: The variables to average.
       use_locking: Passed to the base Optimizer (unused, as in stock).
       name: The name scope of the accumulator ops.
-      **options: Not in stock, keyword-only, each documented in
-        ``sync_replicas._options.Options`` (``self.options``) and
-        docs/options.md. Their defaults build stock's protocol.
+      **options: Not in stock, keyword-only; each documented in
+        ``_options.Options`` and docs/options.md. Defaults: stock's protocol.
 
     Raises:
       ValueError: For a bad replica count, a ``variable_averages`` without
         ``variables_to_average`` or the reverse, or a bad option (named).
-      TypeError: If ``opt`` is neither a ``tf.compat.v1.train.Optimizer`` nor
-        a Keras 2 legacy optimizer.
+      TypeError: If ``opt`` is no v1 ``Optimizer`` nor a Keras 2 legacy one.
     """
     extras = {k: v for k, v in locals().items() if k in _options.EXTRAS}
     r, t = _options.replica_counts(replicas_to_aggregate, total_num_replicas)
@@ -272,6 +272,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     _validate(self, grads_and_vars, global_step)
     assert global_step is not None  # For type checkers: _validate raised.
     b = _Build(self, self.get_name(), self._tokens, global_step)
+    b.packed_variable_reads(grads_and_vars)
     b.local_step_and_statistics()
     b.aggregation_count()
     with tf.compat.v1.name_scope(None, self.get_name()):
@@ -390,6 +391,12 @@ class _Build:
     self.generations = _restart.Generations(
         global_step, scope=scope,
         token_queue_shared_name=self.tokens.shared_name)
+
+  def packed_variable_reads(self, grads_and_vars):
+    """The model's reads rerouted, before any op of ours reads a variable."""
+    # What it did is logged; nothing later needs it.
+    _rewired_reads.policy(self.o.pack_variable_reads).build(
+        grads_and_vars, scope=self.scope)
 
   def local_step_and_statistics(self):
     """The worker-local step, the statistics and the workers' local init."""

@@ -106,6 +106,42 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
           in (out / "table.txt").read_text())
 
 
+def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
+  """MultiWorkerMirroredStrategy (both communications) and async PS beside
+  ours, with packed variable reads, on the smallest model at W=2."""
+  out = tmp_path / "bench"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios", "small",
+       "--workers", "2", "--reps", "1", "--impls", "mwms,mwms_ring,async",
+       "--variant", 'packed={"pack_variable_reads": true}', "--secs", "0.5",
+       "--grace", "1", "--out", str(out)],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  rows = [json.loads(line)
+          for line in (out / "runs.jsonl").read_text().splitlines()]
+  assert sorted(r["impl"] for r in rows) == [
+      "async", "mwms", "mwms_ring", "ours", "packed"]
+  assert all(r["metrics"]["global_steps_per_s"] > 0
+             and r["metrics"]["updates_per_cpu_s"] > 0 for r in rows), rows
+  # Both MWMS workers stopped at the same step (its collectives need it).
+  for raw in map(json.loads, (out / "tasks" / "records.jsonl").read_text(
+      ).splitlines()):
+    if raw["impl"].startswith("mwms"):
+      last = [record["steps_at"][-1][1] for record in raw["records"]]
+      assert len(last) == 2 and last[0] == last[1] > 1, last
+  (entry,) = map(json.loads, (out / "summary.jsonl").read_text().splitlines())
+  assert sorted(entry["vs_peer"]) == ["async", "ours", "packed"]
+  table = (out / "table.txt").read_text()
+  assert "| small | 2 |" in table and "| packed / MWMS |" in table, table
+  assert "updates per CPU-second of the whole job" in table, table
+  # The ps pool's CPU per update names the ps and both workers; a peer's,
+  # its two workers.
+  assert sorted(entry["ours_task_cpu_ms_per_update"]) == [
+      "ps0", "worker0", "worker1"], entry
+  assert sorted(entry["mwms_task_cpu_ms_per_update"]) == [
+      "worker0", "worker1"], entry
+
+
 def test_median_interval_is_the_sign_test_interval():
   bench = bench_report
   assert bench.median_interval([1.0]) is None

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import support
 from sync_replicas import _options
+from sync_replicas import _rewired_reads
 
 
 def test_options_echo_the_constructor_and_derive_once(graph):
@@ -56,17 +57,21 @@ def _documented_defaults():
   return documented
 
 
-def test_the_constructors_defaults_are_the_documented_ones(graph):
+def test_the_constructors_defaults_are_the_documented_ones(graph,
+                                                           monkeypatch):
   del graph
+  monkeypatch.delenv(_rewired_reads.ENV, raising=False)
   documented = _documented_defaults()
   params = inspect.signature(support.OURS.__init__).parameters.values()
   keyword_only = {p.name: p.default for p in params
                   if p.kind is inspect.Parameter.KEYWORD_ONLY}
   # Every option is in the table, with the constructor's default.
   assert keyword_only == documented
-  # The options an optimizer built without any gets are those defaults.
+  # The options an optimizer built without any gets are those defaults;
+  # pack_variable_reads' None reads its environment variable, unset: off.
   o = support.OURS(support.sgd(), replicas_to_aggregate=2).options
-  assert {k: getattr(o, k) for k in documented} == documented
+  assert {k: getattr(o, k) for k in documented} == dict(
+      documented, pack_variable_reads=False)
   # Stock's own arguments keep stock's names, order and defaults.
   stock = inspect.signature(support.STOCK.__init__).parameters.values()
   assert [(p.name, p.default) for p in params

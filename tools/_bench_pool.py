@@ -22,6 +22,7 @@ import _peak_rss as peak_rss
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASK = ROOT / "tools" / "_bench_task.py"
+PEER_TASK = ROOT / "tools" / "_bench_peer_task.py"
 
 
 # The driver needs no TensorFlow: the ports module is loaded by its path.
@@ -35,18 +36,36 @@ class RunError(RuntimeError):
 
 
 class Pool:
-  """1 ps and W worker processes (tools/_bench_task.py --serve) that serve runs.
+  """1 ps and W worker processes (tools/_bench_task.py --serve) that serve runs;
+  or, for a peer, W MultiWorkerMirroredStrategy workers and no ps
+  (tools/_bench_peer_task.py).
 
   TensorFlow is imported and every server started once per pool, all tasks
   at the same time; each run then costs only its graph, its session and its
   steps. Every wait is bounded by ``timeout``.
   """
 
-  def __init__(self, workers, *, log, timeout):
-    ports = free_ports(workers + 1)
+  def __init__(self, workers, *, log, timeout, communication=None):
+    """Starts the tasks and waits for every one's ``up``.
+
+    Args:
+      workers: W.
+      log: The open file every task's stderr goes to.
+      timeout: Seconds the start may take.
+      communication: None: 1 ps and W workers of tools/_bench_task.py. A
+        MultiWorkerMirroredStrategy communication (protocol.PEERS' values):
+        W workers of tools/_bench_peer_task.py, no ps.
+    """
+    self.has_ps = communication is None
+    ports = free_ports(workers + self.has_ps)
     self.workers = workers
-    self.cluster = {"ps": ["%s:%d" % (LOOPBACK, ports[0])],
-                    "worker": ["%s:%d" % (LOOPBACK, p) for p in ports[1:]]}
+    self.cluster = {"worker": ["%s:%d" % (LOOPBACK, p)
+                               for p in ports[self.has_ps:]]}
+    if self.has_ps:
+      self.cluster["ps"] = ["%s:%d" % (LOOPBACK, ports[0])]
+    script = TASK if self.has_ps else PEER_TASK
+    jobs = ([("ps", 0)] if self.has_ps else []) + [
+        ("worker", t) for t in range(workers)]
     self._log = log
     self._procs = {}
     self._buffers = {}
@@ -54,10 +73,11 @@ class Pool:
                TF_CPP_MIN_LOG_LEVEL="2")
     started = time.monotonic()
     try:
-      for job, task in [("ps", 0)] + [("worker", t) for t in range(workers)]:
-        spec = protocol.ServeSpec(cluster=self.cluster, job=job, task=task)
+      for job, task in jobs:
+        spec = protocol.ServeSpec(cluster=self.cluster, job=job, task=task,
+                                  communication=communication)
         self._procs[(job, task)] = subprocess.Popen(
-            [sys.executable, str(TASK), "--serve",
+            [sys.executable, str(script), "--serve",
              protocol.serve_argument(spec)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, start_new_session=True)
@@ -76,7 +96,8 @@ class Pool:
 
   @property
   def ps_pid(self):
-    return self._procs[("ps", 0)].pid
+    """The ps task's process id; None for a peer's pool (no ps)."""
+    return self._procs[("ps", 0)].pid if self.has_ps else None
 
   def send(self, key, message):
     """Sends ``message`` to task ``key`` (a ("job", index) pair)."""
@@ -181,7 +202,7 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
   Args:
     pool: The Pool to run on.
     scenario: One of protocol.SCENARIOS.
-    impl: One of protocol.IMPLS.
+    impl: One of protocol.ALL_IMPLS; a peer's on its own pool.
     secs: Measured seconds.
     warmup: Seconds after the chief's first step before ``secs`` count.
     options: Keyword options for our optimizer.
@@ -213,18 +234,23 @@ def run_once(pool, scenario, impl, *, secs, warmup, options, timeout, grace,
   deadline = time.monotonic() + timeout
   # The ps serves every run of the pool: its peak is this run's only from
   # here (the previous run's variables are gone once the chief resets).
-  peak_rss.reset(pool.ps_pid)
+  if pool.has_ps:
+    peak_rss.reset(pool.ps_pid)
   sent = time.time()
   for key in keys:
     pool.send(key, protocol.command(protocol.RUN, spec))
-  pool.receive(keys[0], deadline, protocol.READY)
-  for key in keys[1:]:
-    pool.send(key, protocol.command(protocol.GO))
-  pool.receive_all(keys[1:], deadline, protocol.READY)
+  if pool.has_ps:
+    pool.receive(keys[0], deadline, protocol.READY)
+    for key in keys[1:]:
+      pool.send(key, protocol.command(protocol.GO))
+    pool.receive_all(keys[1:], deadline, protocol.READY)
+  else:  # A peer's workers wait for no chief's initialization.
+    pool.receive_all(keys, deadline, protocol.READY)
   for key in keys:
     pool.send(key, protocol.command(protocol.START))
   records = pool.receive_all(keys, deadline, protocol.DONE)
   records[0]["spawned_wall"] = sent
   records[0]["run_secs"] = time.time() - sent
-  records[0]["ps_peak_rss_mb"] = peak_rss.peak_mb(pool.ps_pid)
+  records[0]["ps_peak_rss_mb"] = (peak_rss.peak_mb(pool.ps_pid)
+                                  if pool.has_ps else None)
   return records

@@ -29,14 +29,20 @@ from typing import Optional
 #: The scenarios a matrix may name. ``straggler_backup`` is the straggler
 #: model with one backup: the driver sends it as ``straggler`` with one
 #: replica fewer to aggregate than there are workers.
-DEFAULT_SCENARIOS = ["small", "medium", "many", "many_packed_reads", "flat",
-                     "sparse", "straggler", "straggler_backup"]
+DEFAULT_SCENARIOS = ["small", "medium", "mlp", "many", "many_packed_reads",
+                     "flat", "sparse", "straggler", "straggler_backup"]
 #: The "many" model at V = 1000 and 4000 variables, for how costs grow with
 #: V (docs/scaling.md); named, never run by default (each takes minutes).
 SCALE_SCENARIOS = ["many_1000", "many_4000"]
 SCENARIOS = DEFAULT_SCENARIOS + SCALE_SCENARIOS
 #: Stock's SyncReplicasOptimizer, ours, and the plain optimizer (no barrier).
 IMPLS = ["stock", "ours", "async"]
+#: The peers: tf.distribute.MultiWorkerMirroredStrategy, W worker processes
+#: and no ps (tools/_bench_peer_task.py), by its collective communication:
+#: its default (AUTO) and RING. Run only when --impls names them.
+PEERS = {"mwms": "AUTO", "mwms_ring": "RING"}
+#: Everything --impls may name.
+ALL_IMPLS = IMPLS + list(PEERS)
 
 # The key of a command, and the commands.
 CMD = "cmd"
@@ -63,10 +69,13 @@ class ServeSpec:
       of "host:port").
     job: "ps" or "worker".
     task: The task's index in its job.
+    communication: A peer's MultiWorkerMirroredStrategy communication
+      (``PEERS``' values); None for a task of tools/_bench_task.py.
   """
   cluster: dict
   job: str
   task: int
+  communication: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +87,7 @@ class RunSpec:
     scenario: The model to build (see tools/_bench_task.py's
       ``build_model``); never ``straggler_backup``, which is sent as
       ``straggler`` with fewer ``replicas``.
-    impl: One of ``IMPLS``.
+    impl: One of ``ALL_IMPLS`` (a peer's runs go to its own pool).
     replicas: ``replicas_to_aggregate`` of the sync optimizers.
     options: Keyword options for our optimizer (ignored by the others).
     secs: Measured seconds: ``warmup + secs`` after its first step the chief
@@ -132,9 +141,9 @@ def parse_variant(text):
     raise ValueError(
         "--variant takes NAME=JSON with a JSON object of options for ours, "
         "e.g. 'fused={\"fuse_dense_gradients\": true}'; got %r" % text)
-  if not name.isidentifier() or name in IMPLS:
+  if not name.isidentifier() or name in ALL_IMPLS:
     raise ValueError("--variant %r: its NAME must be an identifier, used "
-                     "once, and none of %s" % (text, IMPLS))
+                     "once, and none of %s" % (text, ALL_IMPLS))
   return name, options
 
 

@@ -78,6 +78,11 @@ def _linear_loss(variables, rng, *, packed_reads=False):
 #: Models of many small dense variables (100 floats each), by variable count:
 #: how the costs grow with V (docs/scaling.md).
 MANY = {"many": 200, "many_1000": 1000, "many_4000": 4000}
+#: Multi-layer perceptrons: (layer sizes, per-worker batch). ``mlp`` is the
+#: MNIST-sized one the issue comparing with MultiWorkerMirroredStrategy
+#: measured (6 variables, 2 of them over the packing limit).
+MLPS = {"medium": ([256, 1024, 512, 256, 10], 16),
+        "mlp": ([784, 256, 256, 10], 32)}
 
 
 def build_model(scenario, rng):
@@ -92,9 +97,9 @@ def build_model(scenario, rng):
     return _linear_loss(_dense_vars(200, 100), rng, packed_reads=True)
   if scenario == "flat":
     return _linear_loss(_dense_vars(1, 20_000), rng)
-  if scenario == "medium":
-    sizes = [256, 1024, 512, 256, 10]
-    h = _data(rng, (16, 256))
+  if scenario in MLPS:
+    sizes, examples = MLPS[scenario]
+    h = _data(rng, (examples, sizes[0]))
     # Each layer's width with the next's (strict=False: the last, the
     # output's, has none).
     for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
@@ -102,9 +107,9 @@ def build_model(scenario, rng):
       bias = tf.compat.v1.get_variable("b%d" % i, [b],
                                        initializer=tf.zeros_initializer())
       h = tf.matmul(h, w) + bias
-      if b != 10:
+      if i + 2 < len(sizes):
         h = tf.nn.relu(h)
-    labels = tf.constant(rng.integers(0, 10, size=16))
+    labels = tf.constant(rng.integers(0, 10, size=examples))
     return tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
                                                        logits=h))
@@ -210,7 +215,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       while not sess.should_stop() and step < stop_hook.last_step:
         if (stop_hook.last_step == _UNSET
             and os.path.exists(stop_file)):
-          stop_hook.last_step = _read_stop(stop_file)
+          stop_hook.last_step = read_stop(stop_file)
           continue
         if delay:
           time.sleep(delay)
@@ -219,7 +224,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
         end = time.monotonic()
         if first_step is None:
           first_step = time.time()
-          cpu_at_first = _cpu_snapshot(spec.pool_pids)
+          cpu_at_first = cpu_snapshot(spec.pool_pids)
           if task == 0:
             deadline = end + spec.warmup + spec.secs
         latencies.append(end - start)
@@ -230,10 +235,10 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
         if (deadline is not None and end >= deadline
             and stop_hook.last_step == _UNSET):
           stop_hook.last_step = int(step) + 2
-          _write_stop(stop_file, stop_hook.last_step)
+          write_stop(stop_file, stop_hook.last_step)
     finally:
       left = time.monotonic()
-      cpu_at_last = _cpu_snapshot(spec.pool_pids)
+      cpu_at_last = cpu_snapshot(spec.pool_pids)
   closed = time.monotonic()
   read_ms = None
   if reads is not None:
@@ -256,32 +261,58 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       "read_ms_p50": read_ms,
       # CPU the rest of the machine used while this worker trained (after
       # its first step), in cores: the noise the run saw.
-      "other_cores": _other_cores(cpu_at_first, cpu_at_last),
+      "other_cores": other_cores(cpu_at_first, cpu_at_last),
+      # The job's CPU from the chief's first step to its last: with the
+      # global steps between them, the updates per CPU-second.
+      "job_cpu_secs": job_cpu_secs(cpu_at_first, cpu_at_last),
+      "task_cpu_secs": task_cpu_secs(cpu_at_first, cpu_at_last,
+                                     spec.cluster),
       # The keyword options the optimizer was built with: what the run
       # measured (a variant's options reach the constructor, or nothing).
       "optimizer_options": kwargs,
   }
 
 
-def _cpu_snapshot(pids):
-  """(time, busy CPU ticks of the machine, CPU ticks of ``pids``) or None."""
+def cpu_snapshot(pids):
+  """(time, busy CPU ticks of the machine, CPU ticks of ``pids``, each
+  pid's CPU ticks in ``pids``' order) or None."""
   if not pids:
     return None
   try:
     with open("/proc/stat") as f:
       ticks = [int(x) for x in f.readline().split()[1:]]
     busy = sum(ticks) - ticks[3] - ticks[4]  # Not idle, not iowait.
-    own = 0
+    each = []
     for pid in pids:
       with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-      own += int(fields[11]) + int(fields[12])  # utime + stime.
+      each.append(int(fields[11]) + int(fields[12]))  # utime + stime.
   except (OSError, ValueError, IndexError):
     return None
-  return time.monotonic(), busy, own
+  return time.monotonic(), busy, sum(each), each
 
 
-def _other_cores(first, last):
+def job_cpu_secs(first, last):
+  """CPU seconds the pool's own processes used between two ``cpu_snapshot``s
+  (the whole job: ps and workers, or a peer's workers), or None."""
+  if first is None or last is None:
+    return None
+  return (last[2] - first[2]) / os.sysconf("SC_CLK_TCK")
+
+
+def task_cpu_secs(first, last, cluster):
+  """``{task: CPU seconds}`` between two ``cpu_snapshot``s, each process of
+  the pool named by its task (``ps0``, ``worker0``, ...; the pool lists the
+  ps first), or None."""
+  if first is None or last is None:
+    return None
+  names = ["%s%d" % (job, i) for job in ("ps", "worker")
+           for i in range(len(cluster.get(job, [])))]
+  return {name: (b - a) / os.sysconf("SC_CLK_TCK")
+          for name, a, b in zip(names, first[3], last[3], strict=True)}
+
+
+def other_cores(first, last):
   if first is None or last is None or last[0] <= first[0]:
     return None
   other = (last[1] - first[1]) - (last[2] - first[2])
@@ -322,18 +353,18 @@ class _StopAtStep(tf.compat.v1.train.StopAtStepHook):
     self._last_step = value
 
 
-def _write_stop(path, step):
+def write_stop(path, step):
   with open(path + ".tmp", "w") as f:
     f.write(str(step))
   os.replace(path + ".tmp", path)
 
 
-def _read_stop(path):
+def read_stop(path):
   with open(path) as f:
     return int(f.read())
 
 
-class _Channel:
+class Channel:
   """JSON lines: commands on stdin, answers on the original stdout."""
 
   def __init__(self):
@@ -355,7 +386,7 @@ class _Channel:
 
 def serve(spec):
   """Serves ``spec`` (a protocol.ServeSpec) until ``exit`` or stdin's end."""
-  channel = _Channel()
+  channel = Channel()
   cluster = tf.train.ClusterSpec(spec.cluster)
   server = tf.distribute.Server(cluster, job_name=spec.job,
                                 task_index=spec.task)

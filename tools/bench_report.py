@@ -24,7 +24,9 @@ import math
 import os
 import statistics
 
+from _bench_protocol import ALL_IMPLS
 from _bench_protocol import IMPLS
+from _bench_protocol import PEERS
 from _bench_protocol import SCENARIOS
 
 #: A scenario whose model reads its variables with read_packed, and the one
@@ -86,7 +88,18 @@ def metrics(records):
   chief_cpu_ms = (
       (cpu_at[-1] - cpu_at[index]) * 1000 / updates
       if len(cpu_at) == len(steps_at) and updates > 0 else None)
+  job_cpu = chief.get("job_cpu_secs")
+  span = steps_at[-1][1] - steps_at[0][1]
   return {
+      # The job's updates per CPU-second of all its processes (ps, workers,
+      # the chief's loop; a peer's workers), from the chief's first step to
+      # its last: what the job costs on cores it shares.
+      "updates_per_cpu_s": span / job_cpu if job_cpu and span > 0 else None,
+      # The same CPU per update, per process (ps0, worker0 the chief, ...).
+      "task_cpu_ms_per_update": (
+          {task: secs * 1000 / span
+           for task, secs in chief["task_cpu_secs"].items()}
+          if chief.get("task_cpu_secs") and span > 0 else None),
       "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
       "global_steps_per_s": (last[1] - first[1]) / window,
       "grads_per_s": runs / window,
@@ -163,6 +176,24 @@ def _fmt(value, form="%.2f"):
   return (form % value) if value is not None else "-"
 
 
+def _vs_peer(reps, impls):
+  """Each of ``impls``' updates/s over the better MultiWorkerMirroredStrategy
+  communication's, per repetition: ``{impl: {"steps", "interval",
+  "coverage", "verdict", "reps"}}`` (``verdict``: faster/slower than MWMS
+  only when the whole interval is on one side of 1.0)."""
+  out = {}
+  for impl in impls:
+    ratios = []
+    for m in reps.values():
+      peers = [m[p]["global_steps_per_s"] for p in PEERS if p in m]
+      if impl in m and peers and max(peers) > 0:
+        ratios.append(m[impl]["global_steps_per_s"] / max(peers))
+    if ratios:
+      out[impl] = dict(zip(("steps", "interval", "coverage", "verdict"),
+                           _judged(ratios), strict=True), reps=len(ratios))
+  return out
+
+
 def summarize(rows):
   """Median ratios per (scenario, W) over repetitions.
 
@@ -175,11 +206,13 @@ def summarize(rows):
     every metric per implementation (``<impl>_<metric>``), medians of
     per-repetition ratios (``ours_vs_stock_grads`` and friends), the
     interval of ours/stock, its coverage and verdict; and for every variant
-    (an ``impl`` not in IMPLS: ours with other options, tools/bench's
-    --variant) ``variants[name]``, its ratios to ours the same way.
+    (an ``impl`` not in ALL_IMPLS: ours with other options, tools/bench's
+    --variant) ``variants[name]``, its ratios to ours the same way; with
+    the peers run, ``vs_peer[impl]``: updates/s over the better
+    MultiWorkerMirroredStrategy communication's, the same way.
   """
   out = []
-  variants = sorted({r["impl"] for r in rows} - set(IMPLS))
+  variants = sorted({r["impl"] for r in rows} - set(ALL_IMPLS))
   keys = sorted({(r["scenario"], r["workers"]) for r in rows},
                 key=lambda k: (SCENARIOS.index(k[0]), k[1]))
   for scenario, workers in keys:
@@ -191,12 +224,20 @@ def summarize(rows):
     for metric in ("global_steps_per_s", "grads_per_s", "step_ms_p50",
                    "step_ms_p95", "chief_close_s", "first_step_s",
                    "peak_rss_mb", "ps_peak_rss_mb", "read_ms_p50",
-                   "chief_cpu_ms_per_update"):
-      for impl in IMPLS + variants:
+                   "chief_cpu_ms_per_update", "updates_per_cpu_s"):
+      for impl in ALL_IMPLS + variants:
         vals = [m[impl][metric] for m in reps.values()
                 if impl in m and m[impl].get(metric) is not None]
         if vals:
           entry["%s_%s" % (impl, metric)] = statistics.median(vals)
+
+    for impl in ALL_IMPLS + variants:
+      by_task = [m[impl]["task_cpu_ms_per_update"] for m in reps.values()
+                 if impl in m and m[impl].get("task_cpu_ms_per_update")]
+      if by_task:
+        entry["%s_task_cpu_ms_per_update" % impl] = {
+            task: statistics.median(t[task] for t in by_task if task in t)
+            for task in sorted({k for t in by_task for k in t})}
 
     def ratios(a, b, metric, reps=reps):
       return [m[a][metric] / m[b][metric] for m in reps.values()
@@ -235,6 +276,7 @@ def summarize(rows):
       variant["vs_stock_grads"] = ratio(name, "stock", "grads_per_s")
       variant["reps"] = len(vs_ours)
       entry["variants"][name] = variant
+    entry["vs_peer"] = _vs_peer(reps, IMPLS + variants)
     plain = PACKED_READS.get(scenario)
     if plain is not None:
       # Same rep, same W: the two scenarios' runs are minutes apart at most.
@@ -249,6 +291,51 @@ def summarize(rows):
         entry["ours_vs_stock_plain_reads_grads"] = statistics.median(vals)
     out.append(entry)
   return out
+
+
+def peers_table(summary):
+  """Updates/s of every implementation and each one's ratio to the better
+  MultiWorkerMirroredStrategy (a Markdown table), or no lines without peers.
+  """
+  cells = [e for e in summary if e.get("vs_peer")]
+  if not cells:
+    return []
+  impls = [i for i in ALL_IMPLS + sorted(
+      {v for e in cells for v in e["vs_peer"] if v not in ALL_IMPLS})
+           if any(e.get("%s_global_steps_per_s" % i) is not None
+                  for e in cells)]
+  mine = [i for i in impls if i not in PEERS]
+  lines = ["", "updates/s (global steps/s, medians), and each / the better "
+           "MultiWorkerMirroredStrategy per repetition [interval]:", "",
+           "| model | W | " + " | ".join(impls) + " | " + " | ".join(
+               "%s / MWMS" % i for i in mine) + " |",
+           "|---|---|" + "---|" * (len(impls) + len(mine))]
+  for e in cells:
+    ratios = []
+    for i in mine:
+      r = e["vs_peer"].get(i)
+      ratios.append("%s [%s]" % (_fmt(r["steps"]), "%.2f-%.2f" % tuple(
+          r["interval"]) if r["interval"] else "-") if r else "-")
+    lines.append("| %s | %d | %s | %s |" % (
+        e["scenario"], e["workers"], " | ".join(
+            _fmt(e.get("%s_global_steps_per_s" % i), "%.1f") for i in impls),
+        " | ".join(ratios)))
+  lines += ["", "updates per CPU-second of the whole job (every process of "
+            "it; medians):", "", "| model | W | " + " | ".join(impls) + " |",
+            "|---|---|" + "---|" * len(impls)]
+  for e in cells:
+    lines.append("| %s | %d | %s |" % (e["scenario"], e["workers"], " | ".join(
+        _fmt(e.get("%s_updates_per_cpu_s" % i), "%.1f") for i in impls)))
+  lines += ["", "CPU ms per update, by process (worker0 is the chief; "
+            "medians):", ""]
+  for e in cells:
+    for i in impls:
+      by_task = e.get("%s_task_cpu_ms_per_update" % i)
+      if by_task:
+        lines.append("%s W=%d %s: %s" % (
+            e["scenario"], e["workers"], i, ", ".join(
+                "%s %.2f" % kv for kv in by_task.items())))
+  return lines
 
 
 def table(summary):
@@ -281,6 +368,7 @@ def table(summary):
               e["scenario"], PACKED_READS[e["scenario"]], e["workers"],
               e["ours_vs_stock_plain_reads_grads"]))
   lines += _variant_lines(summary)
+  lines += peers_table(summary)
   judged = [e for e in summary if e.get("ours_vs_stock_verdict")]
   if judged:
     coverages = sorted({round(e["ours_vs_stock_grads_coverage"] * 100)

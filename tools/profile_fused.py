@@ -3,6 +3,9 @@
 
   .venv/bin/python tools/profile_fused.py                    # medium, W=1
   .venv/bin/python tools/profile_fused.py --scenario many --steps 40
+  .venv/bin/python tools/profile_fused.py --scenario mlp --variant default={} \
+      --variant 'fused_packed={"fuse_dense_gradients": true,
+                               "pack_variable_reads": true}'
 
 Fusing copies every dense gradient of a ps task into one tensor on the
 worker (ConcatV2), pushes that tensor into one accumulator, and on the ps
@@ -22,6 +25,8 @@ untraced step (every task of the cluster is in it), then per op category the
 median over traced steps of the summed op time on each task, for the train
 op and for the sync op. The categories:
 
+  read       the model's reads on the ps (ReadVariableOp, Identity), and
+             every op of packed variable reads (pack_variable_reads)
   pack       ConcatV2 and Reshape of the gradients (the worker's copy)
   unpack     Split, SplitV, Slice, Reshape on the ps (the split back)
   push       AccumulatorApplyGradient (the copy into the accumulator)
@@ -32,7 +37,9 @@ op and for the sync op. The categories:
 
 The transfers between tasks are not ops in step stats (gRPC moves tensors
 through the rendezvous, outside any op): they are in the untraced step's
-time, not in any category.
+time, not in any category; their count is, as "tensors received" per task
+(the RecvTensor entries of the trace). "no-op session.run" is the floor
+of any run from Python here: a session.run of a no-op on the worker.
 
 The absolute times here are one machine's; the question answered is the
 share each category takes, fused against default, in the same process.
@@ -58,7 +65,7 @@ import _bench_protocol  # pylint: disable=g-import-not-at-top
 import _bench_task  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
-CATEGORIES = ("pack", "unpack", "push", "take", "apply", "other")
+CATEGORIES = ("read", "pack", "unpack", "push", "take", "apply", "other")
 
 
 def category(node, device):
@@ -74,6 +81,9 @@ def category(node, device):
   if kind.startswith("Apply") or kind.startswith("ResourceApply"):
     return "apply"
   on_ps = "/job:ps" in device
+  if "packed_reads/" in name or (on_ps and kind in ("ReadVariableOp",
+                                                    "Identity")):
+    return "read"
   if kind in ("ConcatV2", "Concat") or (kind == "Reshape" and not on_ps
                                          and "gradients" in name):
     return "pack"
@@ -84,11 +94,16 @@ def category(node, device):
 
 
 def summed(run_metadata):
-  """{(task, category): microseconds} of one traced run."""
+  """{(task, category): microseconds} of one traced run, and
+  ``(task, "tensors received")``: the tensors that crossed to that task."""
   out = {}
   for dev in run_metadata.step_stats.dev_stats:
     task = "ps" if "/job:ps" in dev.device else "worker"
     for node in dev.node_stats:
+      if node.node_name.startswith("RecvTensor"):
+        key = (task, "tensors received")
+        out[key] = out.get(key, 0) + 1
+        continue
       micros = node.all_end_rel_micros or (
           node.op_end_rel_micros - node.op_start_rel_micros)
       key = (task, category(node, dev.device))
@@ -145,6 +160,13 @@ def profile(scenario, options, *, steps, warmup):
         if traced:
           results["sync"].append(summed(meta))
 
+    # The floor of any session.run from Python: a no-op on the worker.
+    noop = sess.make_callable(tf.no_op())
+    floor = []
+    for _ in range(warmup + steps):
+      began = time.perf_counter()
+      noop()
+      floor.append(time.perf_counter() - began)
     thread = threading.Thread(target=chief, daemon=True)
     thread.start()
     try:
@@ -175,6 +197,7 @@ def profile(scenario, options, *, steps, warmup):
       medians["%s/%s/%s" % (run, key[0], key[1])] = statistics.median(
           s.get(key, 0) for s in samples)
   return {"step_ms_p50": statistics.median(step_secs) * 1000,
+          "noop_run_ms_p50": statistics.median(floor[warmup:]) * 1000,
           "cpu_ms_per_step": cpu_per_step * 1000,
           "op_micros": medians}
 
@@ -184,13 +207,15 @@ def table(results):
   names = list(results)
   lines = ["%-26s" % "untraced train step ms p50" + "".join(
       "%14.2f" % results[n]["step_ms_p50"] for n in names)]
+  lines.append("%-26s" % "no-op session.run ms p50" + "".join(
+      "%14.2f" % results[n]["noop_run_ms_p50"] for n in names))
   lines.append("%-26s" % "cluster CPU ms per step" + "".join(
       "%14.2f" % results[n]["cpu_ms_per_step"] for n in names))
   lines.append("%-26s" % "op time, us (median)" + "".join(
       "%14s" % n for n in names))
   for run in ("train", "sync"):
     for task in ("worker", "ps"):
-      for cat in CATEGORIES:
+      for cat in CATEGORIES + ("tensors received",):
         key = "%s/%s/%s" % (run, task, cat)
         vals = [results[n]["op_micros"].get(key, 0) for n in names]
         if any(vals):
@@ -201,7 +226,8 @@ def table(results):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--scenario", default="medium",
-                      choices=["small", "medium", "many", "flat"])
+                      choices=["small", "many", "flat"] + sorted(
+                          _bench_task.MLPS))
   parser.add_argument("--steps", type=int, default=30,
                       help="untraced steps timed, then as many traced")
   parser.add_argument("--warmup", type=int, default=10)

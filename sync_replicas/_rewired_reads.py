@@ -1,0 +1,302 @@
+"""pack_variable_reads: a model built by anyone reads its ps variables packed.
+
+Owns the graph rewrite behind ``pack_variable_reads=True``: the reads of the
+trained variables that ops of another task consume (the worker's forward
+pass and the gradient ops built from it) are rerouted to parts of one packed
+read per (ps task, dtype), built as ``read_packed`` builds it: the task reads
+its variables, concatenates them, one tensor crosses and the consumers' device
+splits it back. It needs no edit to the model, so it works whoever built it
+(plain ``tf.compat.v1`` code, Keras 2 layers, tf-slim, an Estimator's
+model_fn).
+
+When: at the start of ``apply_gradients``, once the forward pass and the
+gradients exist and before any op of ours. Rewiring after the gradients, not
+before them (in ``compute_gradients``), keeps the gradient graph exactly the
+one the wrapped optimizer built: only the inputs that carried a variable's
+value change, to a tensor holding the same bits, so every number is a plain
+read's; it also covers gradients a script computed itself (``tf.gradients``
+then ``apply_gradients``). Ops built later read as they always do: the chief's
+update, the averages and the savers run on the variables' own task, where
+nothing crosses.
+
+What is left a plain read, and counted in the log line: variables too large
+to pack (``_packing.MAX_PACKED_ELEMENTS``; their cost is bandwidth), of a
+non-float dtype, without a device (a local run) or alone on their (ps task,
+dtype); reads made under control dependencies (packing would order the whole
+group after them); reads and consumers inside control flow or a function
+(a ``cond``'s or ``while_loop``'s own reads, which the rewrite cannot reach);
+and gathers, which read rows, not the variable. A read moves whole (every
+cross-task consumer) or stays whole: its consumers saw one value, and two
+reads could straddle an update the chief applies. Control dependencies on a
+read are kept: the original read op stays in the graph, only its data edges
+to the other task move. Ordering against the token is what plain reads
+have: a step's reads are part of its own run, which starts after the
+previous run's token was taken; nothing in the graph ties either to it.
+"""
+
+import collections
+import os
+import typing
+
+import tensorflow as tf
+
+from sync_replicas import _compat
+from sync_replicas import _packing
+
+# The TensorFlow logger's child, as the statistics' lines: a script that
+# sets TensorFlow's verbosity to INFO sees the summary line.
+_LOG = tf.get_logger().getChild(__name__)
+
+#: Read by the optimizer's constructor when ``pack_variable_reads`` is None,
+#: so that a script run unchanged (``python -m sync_replicas.patch``) can
+#: turn it on.
+ENV = "SYNC_REPLICAS_PACK_VARIABLE_READS"
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+#: Ops that take a value into control flow or a function: what they consume
+#: is read there, out of the rewrite's reach.
+_CONTROL_FLOW = frozenset([
+    "Enter", "RefEnter", "Switch", "RefSwitch", "If", "StatelessIf", "While",
+    "StatelessWhile", "Case", "StatelessCase", "PartitionedCall",
+    "StatefulPartitionedCall"])
+_GATHERS = frozenset(["ResourceGather", "ResourceGatherNd", "Gather",
+                      "GatherV2", "GatherNd"])
+
+# Why a read was left plain: the log line's words.
+HUGE = "of variables over %d elements" % _packing.MAX_PACKED_ELEMENTS
+NOT_FLOAT = "of non-float variables"
+NO_DEVICE = "of variables without a device"
+ALONE = "of variables alone on their ps task and dtype"
+CONTROL_DEPENDENCIES = "under control dependencies"
+CONTROL_FLOW = "inside control flow or a function"
+GATHER = "by gathers"
+
+
+def enabled_from(pack_variable_reads, environ=None):
+  """``pack_variable_reads`` as a bool; None reads ``ENV`` (unset: False).
+
+  Raises:
+    ValueError: the argument is not a bool or None, or the environment
+      variable holds neither a yes nor a no.
+  """
+  if pack_variable_reads is None:
+    text = (os.environ if environ is None else environ).get(ENV, "")
+    if text.strip().lower() in _ON:
+      return True
+    if text.strip().lower() in _OFF:
+      return False
+    raise ValueError(
+        "%s must be 1 or 0 (or true/false, yes/no, on/off), got %r. Set it "
+        "to 1 to pack the variable reads of a script run unchanged, or "
+        "unset it." % (ENV, text))
+  if not isinstance(pack_variable_reads, bool):
+    raise ValueError(
+        "pack_variable_reads must be True, False or None (the environment's "
+        "%s), got %r." % (ENV, pack_variable_reads))
+  return pack_variable_reads
+
+
+class Report(typing.NamedTuple):
+  """What one rewrite did.
+
+  Attributes:
+    rewired: ``(read op name, variable name, consumer op names)`` for every
+      read whose cross-task consumers now take a packed read's part.
+    packed_reads: Packed reads built: the transfers each step now makes for
+      the rewired variables.
+    left_plain: Reads (one per consumer edge) left as they were, by reason.
+  """
+  rewired: typing.Tuple[typing.Tuple[str, str, typing.Tuple[str, ...]], ...]
+  packed_reads: int
+  left_plain: typing.Dict[str, int]
+
+
+def _task(device):
+  spec = tf.DeviceSpec.from_string(device or "")
+  return spec.job, spec.replica, spec.task
+
+
+def _source(var):
+  """The tensor every read of ``var`` takes: its handle, or its ref."""
+  return var.op.outputs[0] if _compat.is_ref_variable(var) else var.handle
+
+
+def _is_read(op, var):
+  return op.type == ("Identity" if _compat.is_ref_variable(var)
+                     else "ReadVariableOp")
+
+
+def _edges(tensor, here):
+  """``(consumer, input index)`` of ``tensor`` on another task than ``here``."""
+  return [(op, i) for op in tensor.consumers()
+          for i, t in enumerate(op.inputs)
+          if t is tensor and _task(op.device) != here]
+
+
+class _Found:
+  """The cross-task reads of the trained variables, sorted into packable
+  ``(read, [(consumer, index), ...])`` per variable and counted others."""
+
+  def __init__(self):
+    self.packable = collections.OrderedDict()  # var -> [(read, edges)]
+    self.left_plain = collections.Counter()
+
+  def variable(self, var):
+    here = _task(var.device)
+    source = _source(var)
+    reads = []
+    for op in source.consumers():
+      if _is_read(op, var):
+        # A read moves whole or not at all: its consumers saw one value, and
+        # two reads of it could straddle an update the chief applies.
+        edges = _edges(op.outputs[0], here)
+        if any(consumer.type in _CONTROL_FLOW for consumer, _ in edges):
+          self.left_plain[CONTROL_FLOW] += len(edges)
+        elif edges and op.control_inputs:
+          self.left_plain[CONTROL_DEPENDENCIES] += len(edges)
+        elif edges:
+          reads.append((op, edges))
+      elif _task(op.device) != here and op.type in _CONTROL_FLOW:
+        self.left_plain[CONTROL_FLOW] += 1
+      elif _task(op.device) != here and op.type in _GATHERS:
+        self.left_plain[GATHER] += 1
+    if not reads:
+      return
+    reason = self._unpackable(var)
+    if reason:
+      self.left_plain[reason] += sum(len(edges) for _, edges in reads)
+    else:
+      self.packable[var] = reads
+
+  @staticmethod
+  def _unpackable(var):
+    if not var.device:
+      return NO_DEVICE
+    if not var.dtype.base_dtype.is_floating:
+      return NOT_FLOAT
+    if not _packing.small(var):
+      return HUGE
+    return None
+
+
+def _groups(packable):
+  """Variables by (consumer task, variable device, dtype), in graph order.
+
+  Each read joins the group of its consumers' task, all its edges with it
+  (one value for all of them, as before). A consumer without a device
+  (gradients computed outside the worker's device scope) runs on the task
+  its session connects to: when one task is all the others name, its read
+  joins that task's group instead of costing a transfer of its own.
+
+  Returns:
+    ``{(task, variable device, dtype): [split device, {var: [(read,
+    consumer, index), ...]}]}``.
+  """
+  named = {_task(consumer.device)
+           for reads in packable.values() for _, edges in reads
+           for consumer, _ in edges if consumer.device}
+  default = next(iter(named)) if len(named) == 1 else _task("")
+  groups = collections.OrderedDict()
+  for var, reads in packable.items():
+    for read, edges in reads:
+      devices = [c.device for c, _ in edges if c.device] or [""]
+      task = _task(devices[0]) if devices[0] else default
+      key = (task, var.device, var.dtype.base_dtype)
+      group = groups.setdefault(key, [devices[0], collections.OrderedDict()])
+      if not group[0]:
+        group[0] = devices[0]
+      group[1].setdefault(var, []).extend(
+          (read, consumer, index) for consumer, index in edges)
+  return groups
+
+
+def _packed_parts(consumer_device, variables):
+  """One packed read of ``variables`` (one task, one dtype), split back on
+  ``consumer_device``."""
+  # Cleared: the caller's device function and control dependencies (an
+  # apply_gradients under `control_dependencies(update_ops)`, the usual
+  # batch-norm recipe) would move the reads or order them after ops that
+  # consume them.
+  with tf.compat.v1.device(None), tf.control_dependencies(None):
+    with tf.compat.v1.device(variables[0].device):
+      # read_value, not the cached value: a caching_device would move the
+      # read off the ps before the concatenation.
+      values = [var.read_value() for var in variables]
+      packed = tf.concat([_packing.flat(v) for v in values], axis=0,
+                         name="packed_values")
+    with tf.compat.v1.device(consumer_device or None):
+      return _packing.split_to_shapes(
+          packed, [v.shape for v in values], name="unpacked_values")
+
+
+def rewire(grads_and_vars, *, scope):
+  """Reroutes the cross-task reads of the variables trained to packed reads.
+
+  Args:
+    grads_and_vars: The pairs ``apply_gradients`` got; variables with a
+      gradient are the ones whose reads may move.
+    scope: Our name scope (the ops added go under ``<scope>packed_reads``).
+
+  Returns:
+    A ``Report``.
+  """
+  found = _Found()
+  seen = set()
+  for grad, var in grads_and_vars:
+    if grad is not None and var.op.name not in seen:
+      seen.add(var.op.name)
+      found.variable(var)
+  rewired = collections.defaultdict(list)
+  packed_reads = 0
+  with tf.compat.v1.name_scope(scope), tf.compat.v1.name_scope(
+      "packed_reads"):
+    for consumer_device, by_var in _groups(found.packable).values():
+      if len(by_var) < 2:
+        found.left_plain[ALONE] += sum(len(e) for e in by_var.values())
+        continue
+      parts = _packed_parts(consumer_device, list(by_var))
+      packed_reads += 1
+      for (var, edges), part in zip(by_var.items(), parts, strict=True):
+        for read, consumer, index in edges:
+          _compat.update_input(consumer, index, part)
+          rewired[(read.name, var.op.name)].append(consumer.name)
+  report = Report(
+      rewired=tuple((read, var, tuple(consumers))
+                    for (read, var), consumers in rewired.items()),
+      packed_reads=packed_reads,
+      left_plain={k: v for k, v in found.left_plain.items() if v})
+  _log(report)
+  return report
+
+
+def _log(report):
+  for read, var, consumers in report.rewired:
+    _LOG.debug("pack_variable_reads: rewired read %s of %s (consumers %s)",
+               read, var, ", ".join(consumers))
+  plain = "; ".join("%d %s" % (n, why)
+                    for why, n in sorted(report.left_plain.items()))
+  _LOG.info("pack_variable_reads: %d reads of %d variables now cross as %d "
+            "packed reads; reads left plain: %s", len(report.rewired),
+            len({var for _, var, _ in report.rewired}), report.packed_reads,
+            plain or "none")
+
+
+class PackedVariableReads:
+  """``pack_variable_reads=True``: ``rewire`` at the start of the build."""
+
+  def build(self, grads_and_vars, *, scope):
+    return rewire(grads_and_vars, scope=scope)
+
+
+class NoPackedVariableReads:
+  """``pack_variable_reads=False``: the graph is left as it is."""
+
+  def build(self, grads_and_vars, *, scope):
+    del grads_and_vars, scope
+    return None
+
+
+def policy(enabled):
+  """The unit for ``options.pack_variable_reads``."""
+  return PackedVariableReads() if enabled else NoPackedVariableReads()
