@@ -91,10 +91,15 @@ def _slim_model():
 
 
 def _estimator_spec(features, labels, mode, sync_opt):
-  """An Estimator model_fn, as a script would write it."""
-  w = tf.compat.v1.get_variable("w", [6, 3])
-  b = tf.compat.v1.get_variable("b", [3])
-  loss = tf.reduce_mean(tf.square(tf.matmul(features, w) + b - labels))
+  """An Estimator model_fn, as a script would write it: two layers, so
+  that each of the two ps tasks holds two variables to pack (one variable
+  alone on its task crosses as a plain read)."""
+  w1 = tf.compat.v1.get_variable("w1", [6, 5])
+  b1 = tf.compat.v1.get_variable("b1", [5])
+  w2 = tf.compat.v1.get_variable("w2", [5, 3])
+  b2 = tf.compat.v1.get_variable("b2", [3])
+  hidden = tf.nn.relu(tf.matmul(features, w1) + b1)
+  loss = tf.reduce_mean(tf.square(tf.matmul(hidden, w2) + b2 - labels))
   train_op = sync_opt.minimize(
       loss, global_step=tf.compat.v1.train.get_global_step())
   return tf.compat.v1.estimator.EstimatorSpec(mode, loss=loss,
