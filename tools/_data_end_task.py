@@ -13,8 +13,9 @@ line per event in ``$DATA_END_EVENTS/<task>.jsonl``:
   ``batch``  a batch was trained: its global id, the global step after it;
   ``ended``  the training loop ended, and why (``data``: the input raised
              OutOfRangeError; ``token queue closed``: the token dequeue did;
-             ``stop``: the session asked to stop; for the Estimator,
-             ``returned``: ``train()`` came back);
+             ``stop``: the session asked to stop; for the Estimator, whose
+             loop is not the script's: ``data`` when ``train()`` came back
+             with the whole shard trained, else ``returned``);
   ``final``  the global step once the session was closed;
   ``error``  anything else ended it (the process then exits 1).
 
@@ -306,15 +307,16 @@ def run_estimator(task, server, spec, events, config):
   replica = task.replica_index
   estimator = tf.compat.v1.estimator
   opt = make_optimizer(spec, task.num_replicas)
+  recorders = []
 
   def model_fn(features, labels, mode):
     del labels
     global_step = tf.compat.v1.train.get_global_step()
     train_op, batch_id, step_after, loss = model(
         features, global_step=global_step, opt=opt, spec=spec)
+    recorders.append(_BatchHook(batch_id, step_after, events))
     return estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                   training_hooks=[_BatchHook(
-                                       batch_id, step_after, events)])
+                                   training_hooks=recorders[-1:])
 
   run_config = estimator.RunConfig(
       model_dir=spec["model_dir"], session_config=config,
@@ -327,7 +329,12 @@ def run_estimator(task, server, spec, events, config):
                hooks=[opt.make_session_run_hook(
                    task.is_chief, num_tokens=spec["init_tokens"]),
                       _GoHook(spec, events)])
-  events.emit("ended", by="returned")
+  # train() returns on any normal end of its session, the input's end or
+  # the token queue's (the token dequeue fails after its batch was read) or
+  # a stop: with every batch of the shard trained, the input ended.
+  trained_all = recorders and recorders[-1].count == shard_range(spec,
+                                                                 replica)[1]
+  events.emit("ended", by="data" if trained_all else "returned")
 
 
 DRIVERS = {"mts": run_mts, "supervisor": run_supervisor,
