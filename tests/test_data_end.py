@@ -218,3 +218,33 @@ def test_stock_chief_ending_first_stops_the_others_with_data_left(
     assert w["exit_code"] == 0, describe(summary)
     assert w["ended_by"] == "token queue closed", describe(summary)
   assert summary["trained"] == 3 * CHIEF_FIRST[0], describe(summary)
+
+
+@pytest.mark.parametrize("argv,says", [
+    pytest.param(["--impl", "stock", "--policy", "stop_together"],
+                 "stock's class has none", id="policy-with-stock"),
+    pytest.param(["--shards", "0,0,0"], "at least one batch",
+                 id="no-batch"),
+    pytest.param(["--shards", "3,x,3"], "comma-separated", id="not-ints"),
+    pytest.param(["--shards", "3,1,3", "--backups", "3"],
+                 "--backups must be in [0, 3)", id="backups"),
+    pytest.param(["--shards", "3,1,3", "--seed", "1"], "not both",
+                 id="shards-and-seed"),
+    pytest.param(["--idle", "0"], "--idle must be > 0", id="idle"),
+    pytest.param(["--driver", "estimator"], "gone from TensorFlow 2.16",
+                 id="estimator-on-2.16-and-later", marks=pytest.mark.skipif(
+                     HAS_ESTIMATOR, reason="this TensorFlow has tf.estimator")),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(argv, says,
+                                                            capsys):
+  with pytest.raises(SystemExit) as raised:
+    data_end.parse(argv)
+  assert raised.value.code == 2
+  assert says in capsys.readouterr().err
+
+
+def test_seeded_shards_are_the_same_for_a_seed_and_never_all_empty():
+  for seed in range(50):
+    shards = data_end.draw_shards(seed, workers=3, max_batches=2)
+    assert shards == data_end.draw_shards(seed, workers=3, max_batches=2)
+    assert sum(shards) > 0 and all(0 <= s <= 2 for s in shards)
