@@ -14,8 +14,8 @@ line per event in ``$DATA_END_EVENTS/<task>.jsonl``:
   ``ended``  the training loop ended, and why (``data``: the input raised
              OutOfRangeError; ``token queue closed``: the token dequeue did;
              ``stop``: the session asked to stop; for the Estimator, whose
-             loop is not the script's: ``data`` when ``train()`` came back
-             with the whole shard trained, else ``returned``);
+             loop is not the script's: ``data`` when its session ended
+             normally with the whole shard trained, else ``returned``);
   ``final``  the global step once the session was closed;
   ``error``  anything else ended it (the process then exits 1).
 
@@ -95,11 +95,19 @@ class _GoHook(tf.compat.v1.train.SessionRunHook):
 
 
 class _BatchHook(tf.compat.v1.train.SessionRunHook):
-  """Records every trained batch (the Estimator's loop is not the script's)."""
+  """Records every trained batch and the loop's end, for the Estimator,
+  whose loop is not the script's.
 
-  def __init__(self, batch_id, step_after, events):
+  ``end`` runs when the session ends normally, before its close waits for
+  its threads (stock's chief may wait out its grace there): the loop ended
+  then. Any normal end calls it, the token queue's close included (the
+  token dequeue fails after its batch was read), so the end is the data's
+  only when every batch of the shard was trained.
+  """
+
+  def __init__(self, batch_id, step_after, events, *, shard):
     self._fetches = {"id": batch_id, "step": step_after}
-    self._events = events
+    self._events, self._shard = events, shard
     self.count = 0
 
   def before_run(self, run_context):
@@ -109,6 +117,11 @@ class _BatchHook(tf.compat.v1.train.SessionRunHook):
     self.count += 1
     self._events.emit("batch", id=int(run_values.results["id"]),
                       step=int(run_values.results["step"]))
+
+  def end(self, session):
+    del session
+    self._events.emit("ended", by="data" if self.count == self._shard
+                      else "returned")
 
 
 def example_ids(spec, replica):
@@ -307,16 +320,16 @@ def run_estimator(task, server, spec, events, config):
   replica = task.replica_index
   estimator = tf.compat.v1.estimator
   opt = make_optimizer(spec, task.num_replicas)
-  recorders = []
 
   def model_fn(features, labels, mode):
     del labels
     global_step = tf.compat.v1.train.get_global_step()
     train_op, batch_id, step_after, loss = model(
         features, global_step=global_step, opt=opt, spec=spec)
-    recorders.append(_BatchHook(batch_id, step_after, events))
     return estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                   training_hooks=recorders[-1:])
+                                   training_hooks=[_BatchHook(
+                                       batch_id, step_after, events,
+                                       shard=shard_range(spec, replica)[1])])
 
   run_config = estimator.RunConfig(
       model_dir=spec["model_dir"], session_config=config,
@@ -329,12 +342,6 @@ def run_estimator(task, server, spec, events, config):
                hooks=[opt.make_session_run_hook(
                    task.is_chief, num_tokens=spec["init_tokens"]),
                       _GoHook(spec, events)])
-  # train() returns on any normal end of its session, the input's end or
-  # the token queue's (the token dequeue fails after its batch was read) or
-  # a stop: with every batch of the shard trained, the input ended.
-  trained_all = recorders and recorders[-1].count == shard_range(spec,
-                                                                 replica)[1]
-  events.emit("ended", by="data" if trained_all else "returned")
 
 
 DRIVERS = {"mts": run_mts, "supervisor": run_supervisor,
