@@ -25,9 +25,11 @@ def ports():
   return load("sync_replicas/_ports.py", "_sync_replicas_ports")
 
 
-def child_pythonpath():
+def child_pythonpath(environ=None):
   """PYTHONPATH for a child that imports this checkout: ROOT first, then the
-  caller's own entries, kept (./tools/test puts tests/_hidden there, which
-  hides scikit-learn from Keras: tools/_run_tests.py says why)."""
+  entries of ``environ`` (default: this process's), kept (./tools/test puts
+  tests/_hidden there, which hides scikit-learn from Keras:
+  tools/_run_tests.py says why)."""
+  environ = os.environ if environ is None else environ
   return os.pathsep.join(
-      [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+      [str(ROOT)] + [p for p in [environ.get("PYTHONPATH")] if p])

@@ -1,0 +1,250 @@
+"""Uneven shards as process clusters: who trains, who exits (issue 36).
+
+Each test runs ``tools/data_end`` (in this process, so that no extra
+TensorFlow import is paid for the harness) on 1 ps and 3 replica processes,
+every replica reading its own one-pass shard of a few batches until its
+input raises OutOfRangeError: under MonitoredTrainingSession, a Supervisor
+whose input queue closes, and an Estimator with a finite ``input_fn``
+(TensorFlow 2.15 only). The harness counts the batches trained from the
+updates the ps applied (its recorder variable), not from the replicas, and
+reports each process's exit code, the seconds from its last batch to its
+exit, the global step at its exit, or that it hung.
+
+* ours' default, ``data_end="train_all"``: every process exits 0 within
+  EXIT_SECS of its last batch, every batch is trained, and each update's
+  gradients sum to one (no batch counted twice);
+* ``"stop_together"``: every process exits 0, each at the same global step;
+* ours' ``"stock"`` policy and stock's class, side by side, in lockstep
+  (no init tokens, so that the outcome is always the same): stock's hang
+  when a non-chief ends first, reported by the harness as a hang (no batch
+  for IDLE_SECS while a replica with data left runs) that names who hung,
+  after which every process is gone; and the chief ending first closes the
+  token queue, which ends the others with their batches unread.
+
+Whatever a run found, the harness stopped every process it started.
+
+The tests of ours' policies need its ``data_end`` option; until the feature
+is in the checkout they skip, saying so.
+"""
+
+import importlib.util
+import inspect
+
+import pytest
+
+import support
+
+data_end = support.load_tool("data_end")
+
+HAS_DATA_END = "data_end" in inspect.signature(support.OURS).parameters
+needs_data_end = pytest.mark.skipif(
+    not HAS_DATA_END, reason="ours' data_end option (issue 36) is not in "
+    "this checkout's SyncReplicasOptimizer yet")
+HAS_ESTIMATOR = importlib.util.find_spec("tensorflow_estimator") is not None
+
+#: A process exits within this of its last batch. A prompt exit takes a few
+#: seconds here, most of them Python's and TensorFlow's teardown (5-7 s on
+#: a 2-core machine loaded 7 times over); a close that waits out stock's
+#: grace (GRACE_SECS) takes that grace, and a chief that waits for the
+#: others' last batches waits a second or two of their training.
+EXIT_SECS = 60
+#: Every close gets stock's grace period, so a close that is not prompt
+#: cannot pass EXIT_SECS.
+GRACE_SECS = support.STOCK_GRACE_SECS
+#: No batch trained for this long while a replica with data left runs is a
+#: hang. A step takes milliseconds, a first step a few seconds on a loaded
+#: machine; a hung replica waits for a token for good.
+IDLE_SECS = 20
+#: The harness stops everything this long after training started.
+DEADLINE_SECS = 200
+#: Starting four TensorFlow processes on a loaded machine, the deadline,
+#: and the clean-up.
+TEST_TIMEOUT_SECS = 600
+
+#: Shards (batches per replica, the chief's first), ending in each order.
+NON_CHIEF_FIRST = [12, 4, 12]
+CHIEF_FIRST = [4, 12, 12]
+EQUAL = [8, 8, 8]
+#: Seeds of tools/data_end's random sizes, each with an empty shard.
+SEEDS = {19: [10, 0, 12], 31: [0, 7, 1]}
+#: Stock's class, and ours with stock's policy. Their tests pass
+#: ``init_tokens=0`` (stock's ``num_tokens=0``): the first update then waits
+#: for every replica, and the replicas go in lockstep, one batch each per
+#: update, so that the outcome is always the same. With the default init
+#: tokens a chief whose first steps come first can make updates alone, and
+#: then ends first itself (tools/data_end's runs: stock with shards 30/10/30
+#: hung in 3 of 5 runs, and in 2 the chief trained its 30 batches while
+#: replica 1 had trained none and was stopped by the closed token queue).
+STOCK_BEHAVIOUR = [
+    pytest.param("stock", None, id="stock"),
+    pytest.param("ours", "stock", id="ours-stock-policy",
+                 marks=needs_data_end),
+]
+
+DRIVERS = [
+    pytest.param("mts", id="mts"),
+    pytest.param("supervisor", id="supervisor"),
+    pytest.param("estimator", id="estimator", marks=pytest.mark.skipif(
+        not HAS_ESTIMATOR, reason="tf.estimator is gone from TensorFlow "
+        "2.16: the Estimator runs in CI's TensorFlow 2.15 venv")),
+]
+
+
+def run(tmp_path, *, impl, shards=None, seed=None, driver="mts",
+        policy=None, init_tokens=-1, grace=GRACE_SECS):
+  """One cluster through tools/data_end; returns its summary."""
+  argv = ["--impl", impl, "--driver", driver, "--grace", str(grace),
+          "--idle", str(IDLE_SECS), "--deadline", str(DEADLINE_SECS),
+          "--init-tokens", str(init_tokens)]
+  if seed is None:
+    argv += ["--shards", ",".join(map(str, shards))]
+  else:
+    argv += ["--seed", str(seed), "--workers", "3", "--max-batches", "12"]
+  if policy is not None:
+    argv += ["--policy", policy]
+  args = data_end.parse(argv)
+  # The Estimator imports Keras, which the tests' children do without.
+  environ = support.with_keras() if driver == "estimator" else None
+  summary = data_end.run_once(args, tmp_path / "run", environ=environ)
+  # Whatever happened, the harness stopped every task it started.
+  assert not summary["processes_left"], describe(summary)
+  return summary
+
+
+def describe(summary):
+  """The run in one table row, with where its logs are, for a failure."""
+  return "%s\nlogs: %s" % (data_end.row(summary), summary["logs"])
+
+
+def assert_every_process_exited_promptly(summary):
+  assert not summary["hung"], describe(summary)
+  for w in summary["workers"]:
+    assert w["exit_code"] == 0, describe(summary)
+    assert w["secs_last_batch_to_exit"] < EXIT_SECS, describe(summary)
+
+
+@needs_data_end
+@pytest.mark.timeout(TEST_TIMEOUT_SECS)
+@pytest.mark.parametrize("shards", [
+    pytest.param(NON_CHIEF_FIRST, id="non-chief-first"),
+    pytest.param(CHIEF_FIRST, id="chief-first"),
+    pytest.param(EQUAL, id="equal"),
+])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_default_trains_every_batch_and_every_process_exits(
+    tmp_path, driver, shards):
+  if driver != "mts" and shards is EQUAL:
+    pytest.skip("equal shards run under MonitoredTrainingSession only: "
+                "each process cluster costs the suite about 20 CPU-seconds")
+  summary = run(tmp_path, impl="ours", shards=shards, driver=driver)
+  assert_every_process_exited_promptly(summary)
+  assert summary["trained"] == summary["total"], describe(summary)
+  assert [w["trained"] for w in summary["workers"]] == shards, describe(
+      summary)
+  # Every update averages its gradients: ``seen`` grows by one per update,
+  # so a batch applied twice, or an update without the recorder, shows.
+  assert summary["seen_sum"] == pytest.approx(summary["updates"],
+                                              abs=1e-3), describe(summary)
+
+
+@needs_data_end
+@pytest.mark.timeout(TEST_TIMEOUT_SECS)
+@pytest.mark.parametrize("seed", sorted(SEEDS), ids="seed-{}".format)
+def test_default_trains_random_shards_with_an_empty_one(tmp_path, seed):
+  assert data_end.draw_shards(seed, workers=3, max_batches=12) == SEEDS[seed]
+  summary = run(tmp_path, impl="ours", seed=seed)
+  assert_every_process_exited_promptly(summary)
+  assert summary["trained"] == summary["total"], describe(summary)
+  assert [w["trained"] for w in summary["workers"]] == SEEDS[seed], describe(
+      summary)
+
+
+@needs_data_end
+@pytest.mark.timeout(TEST_TIMEOUT_SECS)
+@pytest.mark.parametrize("shards", [
+    pytest.param(NON_CHIEF_FIRST, id="non-chief-first"),
+    pytest.param(CHIEF_FIRST, id="chief-first"),
+])
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_stop_together_ends_every_replica_at_one_global_step(
+    tmp_path, driver, shards):
+  if driver != "mts" and shards is CHIEF_FIRST:
+    pytest.skip("the chief ending first runs under MonitoredTrainingSession "
+                "only: each process cluster costs the suite about 20 "
+                "CPU-seconds")
+  summary = run(tmp_path, impl="ours", shards=shards, driver=driver,
+                policy="stop_together")
+  assert_every_process_exited_promptly(summary)
+  steps = {w["final_step"] for w in summary["workers"]}
+  assert len(steps) == 1, describe(summary)
+  # The first shard to end stops everyone: the rest of the others' batches
+  # are dropped, and nothing is trained twice.
+  assert summary["trained"] < summary["total"], describe(summary)
+  assert summary["seen_sum"] == pytest.approx(summary["updates"],
+                                              abs=1e-3), describe(summary)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_SECS)
+@pytest.mark.parametrize("impl,policy", STOCK_BEHAVIOUR)
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_stock_hangs_when_a_non_chief_ends_first(tmp_path, driver, impl,
+                                                 policy):
+  summary = run(tmp_path, impl=impl, policy=policy, shards=NON_CHIEF_FIRST,
+                driver=driver, init_tokens=0)
+  # Lockstep: each update took one batch of each replica, until replica 1's
+  # shard ended; then the other two pushed once more and wait for a third
+  # gradient, and the token it would bring, for good.
+  assert summary["ended"].startswith("no batch trained"), describe(summary)
+  assert summary["hung"] == [0, 2], describe(summary)
+  ended = summary["workers"][1]
+  assert ended["exit_code"] == 0 and ended["ended_by"] == "data", describe(
+      summary)
+  assert summary["trained"] == 3 * NON_CHIEF_FIRST[1], describe(summary)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_SECS)
+@pytest.mark.parametrize("impl,policy", STOCK_BEHAVIOUR)
+def test_stock_chief_ending_first_stops_the_others_with_data_left(
+    tmp_path, impl, policy):
+  # The chief's close is not what this test checks: a short grace.
+  summary = run(tmp_path, impl=impl, policy=policy, shards=CHIEF_FIRST,
+                init_tokens=0, grace=5)
+  assert not summary["hung"], describe(summary)
+  chief, *others = summary["workers"]
+  assert chief["ended_by"] == "data", describe(summary)
+  # The chief's close closes the token queue: the others' next token take
+  # ends their sessions as if training were done, their shards unread.
+  for w in others:
+    assert w["exit_code"] == 0, describe(summary)
+    assert w["ended_by"] == "token queue closed", describe(summary)
+  assert summary["trained"] == 3 * CHIEF_FIRST[0], describe(summary)
+
+
+@pytest.mark.parametrize("argv,says", [
+    pytest.param(["--impl", "stock", "--policy", "stop_together"],
+                 "stock's class has none", id="policy-with-stock"),
+    pytest.param(["--shards", "0,0,0"], "at least one batch",
+                 id="no-batch"),
+    pytest.param(["--shards", "3,x,3"], "comma-separated", id="not-ints"),
+    pytest.param(["--shards", "3,1,3", "--backups", "3"],
+                 "--backups must be in [0, 3)", id="backups"),
+    pytest.param(["--shards", "3,1,3", "--seed", "1"], "not both",
+                 id="shards-and-seed"),
+    pytest.param(["--idle", "0"], "--idle must be > 0", id="idle"),
+    pytest.param(["--driver", "estimator"], "gone from TensorFlow 2.16",
+                 id="estimator-on-2.16-and-later", marks=pytest.mark.skipif(
+                     HAS_ESTIMATOR, reason="this TensorFlow has tf.estimator")),
+])
+def test_bad_arguments_are_refused_before_any_process_starts(argv, says,
+                                                            capsys):
+  with pytest.raises(SystemExit) as raised:
+    data_end.parse(argv)
+  assert raised.value.code == 2
+  assert says in capsys.readouterr().err
+
+
+def test_seeded_shards_are_the_same_for_a_seed_and_never_all_empty():
+  for seed in range(50):
+    shards = data_end.draw_shards(seed, workers=3, max_batches=2)
+    assert shards == data_end.draw_shards(seed, workers=3, max_batches=2)
+    assert sum(shards) > 0 and all(0 <= s <= 2 for s in shards)
