@@ -18,6 +18,7 @@ import collections
 import json
 import logging
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -54,6 +55,32 @@ def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
     logger.addHandler(handler)
   logger.setLevel(level)
   logger.propagate = False
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows each default once: not after a help text that says it in words,
+  and not at all for an option without a value (None, False)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if ("default" in text or action.default is None
+        or action.default is False):
+      return text
+    return super()._get_help_string(action)
+
+
+def command(name):
+  """How to run the installed command ``name`` from here, as printed.
+
+  The one beside this Python (a venv's bin, on PATH only once the venv is
+  activated), relative when it is under the working directory; else the
+  bare name.
+  """
+  path = os.path.join(os.path.dirname(sys.executable), name)
+  if not os.path.exists(path):
+    return name
+  relative = os.path.relpath(path)
+  return path if relative.startswith("..") else relative
 
 
 def add_cluster_flags(parser):

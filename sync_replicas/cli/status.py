@@ -20,7 +20,11 @@ cluster (``--target``, else the first ``--ps`` address, else TF_CONFIG's
 first ps task), sees only the jobs that hold sync state, and runs nothing but
 ``num_accumulated``, the queues' ``size`` and reads of the global and local
 steps: it never takes, dequeues or assigns, so it cannot change training.
-For a cluster that sync-replicas-launch confined, run it inside:
+A cluster that sync-replicas-launch confined to its network namespace is
+reached there: when the target is on 127.0.0.1 and nothing of this namespace
+listens on its port, the tool enters the namespace of the one running
+confined launch whose cluster does, and says so. With several such launches
+it asks for one:
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -35,6 +39,8 @@ import sys
 import time
 
 from sync_replicas.cli import _cli
+from sync_replicas.cli import _confine
+from sync_replicas.cli import launch
 
 PROG = "sync-replicas-status"
 
@@ -101,9 +107,84 @@ def main(argv=None, *, out=None, clock=time.monotonic):
     out: Where the snapshots go (default: stdout); errors go to stderr.
     clock: Seconds, for ``--stall-secs`` (tests pass their own).
   """
+  refused = _before_threads(argv)
+  if refused is not None:
+    return refused
   # Ctrl-C ends it at once: it only reads, and holds no process or file.
   return _cli.run(lambda a: _main(a, out=out or sys.stdout, clock=clock),
                   argv, prog=PROG, exit_at_once=True)
+
+
+#: The manifest's file name in a directory (``_manifest.FILE_NAME``, which
+#: imports TensorFlow).
+MANIFEST_FILE = "sync_manifest.json"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _missing_manifest(path):
+  """Why a local ``path`` holds no manifest, or None (found, or a URL such as
+  gs://... that only TensorFlow reads): checked before TensorFlow's import,
+  so that the answer comes at once."""
+  if "://" in path:
+    return None
+  file = os.path.join(path, MANIFEST_FILE) if os.path.isdir(path) else path
+  if os.path.isfile(file):
+    return None
+  return ("No sync manifest at %s. The job's chief writes it with "
+          "opt.write_sync_manifest(checkpoint_dir); the examples write it to "
+          "their --logdir. Pass that file or directory." % file)
+
+
+def _enter_confined_launch(target):
+  """Enters the namespace of the confined launch serving ``target``.
+
+  Only for a target on loopback whose port nothing of this namespace
+  listens on, and only in a process without threads: the tool run as a
+  command, before TensorFlow's import (a user namespace admits no process
+  with threads, and a network namespace would hold only the calling
+  thread). Called in a process with threads (a test's), it leaves the
+  namespace alone.
+
+  Returns:
+    None, or the reason the tool cannot choose (several launches).
+  """
+  host, _, port = target[len("grpc://"):].rpartition(":")
+  if (host not in _LOOPBACK_HOSTS or _confine.thread_count() > 1
+      or _confine.listens(int(port))):
+    return None
+  pids = launch.confined_launches_listening(int(port))
+  if len(pids) > 1:
+    return ("%d confined launches (pids %s) serve port %s, each in its own "
+            "network namespace: pick one with sync-replicas-launch --enter "
+            "PID -- %s ..." % (len(pids), ", ".join(map(str, pids)), port,
+                               PROG))
+  if pids:
+    try:
+      _confine.enter(pids[0])
+    except _confine.CannotConfine as e:
+      return "cannot enter the namespace of launch %d: %s" % (pids[0], e)
+    _cli.say(PROG, "reading inside the network namespace of %s %d, whose "
+             "cluster listens on %s" % (launch.PROG, pids[0], target))
+  return None
+
+
+def _before_threads(argv):
+  """What runs before the tool starts a thread (``_cli.run``'s Ctrl-C
+  waiter, TensorFlow's): a missing manifest, reported at once, and the
+  confined launch to enter. Returns an exit code to end with, or None.
+  """
+  args = _parse(argv)
+  missing = _missing_manifest(args.manifest)
+  try:
+    target = _target(args)
+  except ValueError:
+    target = None  # Reported after the manifest is read, in its order.
+  refused = missing or (target and sys.platform.startswith("linux")
+                        and _enter_confined_launch(target))
+  if refused:
+    _cli.say(PROG, refused)
+    return _cli.EXIT_FAILED
+  return None
 
 
 def _main(argv, *, out, clock):
