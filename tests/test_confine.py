@@ -110,8 +110,10 @@ def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
     assert not _connects(2222), "port 2222 accepted a connection from outside"
     # How sync-replicas-status finds the launch to enter. Other confined
     # launches of this machine may serve 2222 too, each in its namespace.
-    assert pid in launch.confined_launches_listening(2222)
-    assert pid not in launch.confined_launches_listening(2223)
+    assert pid in launch.confined_launches(port=2222)
+    assert pid not in launch.confined_launches(port=2223)
+    inode = os.stat("/proc/%d/ns/net" % pid).st_ino
+    assert launch.confined_launches(namespace=inode) == [pid]
     for task in ("ps0", "chief0"):
       output.find(r"\[%s\] interfaces \['lo'\]\n" % task,
                   "%s seeing only lo" % task, timeout=20)
@@ -413,8 +415,8 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   assert "hidden/weights" in inside.stdout and "/2 " in inside.stdout
   assert still_training, "training ended before tools/status returned"
   assert ("sync-replicas-status: reading inside the network namespace of "
-          "sync-replicas-launch %d, whose cluster listens on "
-          "grpc://127.0.0.1:2222\n" % proc.pid) == inside.stderr, inside.stderr
+          "sync-replicas-launch %d, where the job runs\n" % proc.pid
+          ) == inside.stderr, inside.stderr
   # How long the chief was held (in turns), every task's own lines, then
   # the end of the output.
   story = "chief held %.1f s in turns of %.0f s\n%s\n...\n%s" % (

@@ -25,8 +25,8 @@ Where the platform cannot make the namespace the launcher stops with one line
 saying why; --unconfined (or SYNC_REPLICAS_UNCONFINED=1) runs the cluster on
 the machine's network instead, on free ports unless --port is given. Run a
 tool inside a confined cluster's namespace from another terminal with the
-launcher's pid, which it prints (sync-replicas-status finds the launch
-itself when only one serves the port it reads):
+launcher's pid, which it prints (sync-replicas-status finds the launch of
+the job whose manifest it reads by itself):
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -409,9 +409,10 @@ def _enter(args):
     return EXIT_CANNOT_RUN
 
 
-def confined_launches_listening(port):
-  """The pids of the running confined launches whose namespace listens on
-  ``port``: where a tool must go to reach a cluster on ``127.0.0.1:port``.
+def confined_launches(*, port=None, namespace=None):
+  """The pids of the running confined launches, those whose namespace
+  listens on ``port``, or whose namespace is ``namespace`` (its inode, as
+  a sync manifest records it): where a tool must go to reach their cluster.
 
   Only launches of this machine that this user may look into count; an
   ``--enter`` has become its command and is not one.
@@ -426,7 +427,10 @@ def confined_launches_listening(port):
         argv = [a.decode(errors="replace") for a in f.read().split(b"\0")
                 if a]
       if (_is_launch(argv) and "--enter" not in argv
-          and _confine.is_confined_apart(pid) and _confine.listens(port, pid)):
+          and _confine.is_confined_apart(pid)
+          and (namespace is None
+               or os.stat("/proc/%d/ns/net" % pid).st_ino == namespace)
+          and (port is None or _confine.listens(port, pid))):
         found.append(pid)
     except OSError:
       continue  # Ended meanwhile, or not ours to read.

@@ -21,10 +21,11 @@ first ps task), sees only the jobs that hold sync state, and runs nothing but
 ``num_accumulated``, the queues' ``size`` and reads of the global and local
 steps: it never takes, dequeues or assigns, so it cannot change training.
 A cluster that sync-replicas-launch confined to its network namespace is
-reached there: when the target is on 127.0.0.1 and nothing of this namespace
-listens on its port, the tool enters the namespace of the one running
-confined launch whose cluster does, and says so. With several such launches
-it asks for one:
+reached there: for a target on 127.0.0.1, the tool enters the namespace of
+the running confined launch that the manifest names (its writer records its
+network namespace), or, for a manifest without that record, of the one
+launch whose namespace listens on the target's port, and says so. With
+several such launches it asks for one:
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -121,38 +122,58 @@ MANIFEST_FILE = "sync_manifest.json"
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
-def _missing_manifest(path):
-  """Why a local ``path`` holds no manifest, or None (found, or a URL such as
-  gs://... that only TensorFlow reads): checked before TensorFlow's import,
-  so that the answer comes at once."""
+def _local_manifest(path):
+  """``(file, reason)`` for the manifest at ``path``, before TensorFlow's
+  import, so that a missing one is reported at once: the local file and
+  None; None and why there is none; or (None, None) for a URL such as
+  gs://..., which only TensorFlow reads."""
   if "://" in path:
-    return None
+    return None, None
   file = os.path.join(path, MANIFEST_FILE) if os.path.isdir(path) else path
   if os.path.isfile(file):
+    return file, None
+  return None, ("No sync manifest at %s. The job's chief writes it with "
+                "opt.write_sync_manifest(checkpoint_dir); the examples write "
+                "it to their --logdir. Pass that file or directory." % file)
+
+
+def _recorded_namespace(file):
+  """The network namespace the manifest's writer ran in, or None (none
+  recorded, or no manifest to read: reported later, in its words)."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      found = json.load(f).get("network_namespace")
+  except (OSError, ValueError, AttributeError):
     return None
-  return ("No sync manifest at %s. The job's chief writes it with "
-          "opt.write_sync_manifest(checkpoint_dir); the examples write it to "
-          "their --logdir. Pass that file or directory." % file)
+  return found if isinstance(found, int) else None
 
 
-def _enter_confined_launch(target):
-  """Enters the namespace of the confined launch serving ``target``.
+def _enter_confined_launch(target, namespace):
+  """Enters the namespace of the confined launch that runs the job.
 
-  Only for a target on loopback whose port nothing of this namespace
-  listens on, and only in a process without threads: the tool run as a
-  command, before TensorFlow's import (a user namespace admits no process
-  with threads, and a network namespace would hold only the calling
-  thread). Called in a process with threads (a test's), it leaves the
-  namespace alone.
+  Only for a target on loopback, and only in a process without threads:
+  the tool run as a command, before TensorFlow's import (a user namespace
+  admits no process with threads, and a network namespace would hold only
+  the calling thread). Called in a process with threads (a test's), it
+  leaves the namespace alone. The launch is the one whose namespace the
+  manifest names (``namespace``, as its writer recorded it); without a
+  record, the one whose namespace listens on the target's port, when
+  nothing of this namespace does.
 
   Returns:
     None, or the reason the tool cannot choose (several launches).
   """
   host, _, port = target[len("grpc://"):].rpartition(":")
-  if (host not in _LOOPBACK_HOSTS or _confine.thread_count() > 1
-      or _confine.listens(int(port))):
+  if host not in _LOOPBACK_HOSTS or _confine.thread_count() > 1:
     return None
-  pids = launch.confined_launches_listening(int(port))
+  if namespace is not None:
+    if namespace == os.stat("/proc/self/ns/net").st_ino:
+      return None
+    pids = launch.confined_launches(namespace=namespace)
+  elif _confine.listens(int(port)):
+    return None
+  else:
+    pids = launch.confined_launches(port=int(port))
   if len(pids) > 1:
     return ("%d confined launches (pids %s) serve port %s, each in its own "
             "network namespace: pick one with sync-replicas-launch --enter "
@@ -163,8 +184,8 @@ def _enter_confined_launch(target):
       _confine.enter(pids[0])
     except _confine.CannotConfine as e:
       return "cannot enter the namespace of launch %d: %s" % (pids[0], e)
-    _cli.say(PROG, "reading inside the network namespace of %s %d, whose "
-             "cluster listens on %s" % (launch.PROG, pids[0], target))
+    _cli.say(PROG, "reading inside the network namespace of %s %d, where "
+             "the job runs" % (launch.PROG, pids[0]))
   return None
 
 
@@ -174,13 +195,14 @@ def _before_threads(argv):
   confined launch to enter. Returns an exit code to end with, or None.
   """
   args = _parse(argv)
-  missing = _missing_manifest(args.manifest)
+  file, missing = _local_manifest(args.manifest)
   try:
     target = _target(args)
   except ValueError:
     target = None  # Reported after the manifest is read, in its order.
-  refused = missing or (target and sys.platform.startswith("linux")
-                        and _enter_confined_launch(target))
+  refused = missing or (
+      target and sys.platform.startswith("linux") and _enter_confined_launch(
+          target, _recorded_namespace(file) if file else None))
   if refused:
     _cli.say(PROG, refused)
     return _cli.EXIT_FAILED
