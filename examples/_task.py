@@ -55,6 +55,23 @@ def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
     logger.addHandler(handler)
   logger.setLevel(level)
   logger.propagate = False
+  tf_logger = logging.getLogger("tensorflow")
+  if not any(isinstance(f, _TensorFlowsOwnDeprecations)
+             for f in tf_logger.filters):
+    tf_logger.addFilter(_TensorFlowsOwnDeprecations())
+
+
+class _TensorFlowsOwnDeprecations(logging.Filter):
+  """Drops TensorFlow's notes that its own code calls a deprecated function
+  of its own (a resume logged "get_checkpoint_mtimes (from
+  tensorflow.python.checkpoint...) is deprecated", from
+  MonitoredTrainingSession's restore): nothing a reader of the examples can
+  act on. Every other TensorFlow line passes."""
+
+  def filter(self, record):
+    message = record.getMessage()
+    return not ("is deprecated" in message and "(from tensorflow." in message
+                and "/tensorflow/" in message.split(":", 1)[0])
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
