@@ -94,12 +94,17 @@ def last_start(directory):
   None (no chief's file, or files written before start records existed).
 
   Runs that appended to one directory are told apart by the ``start``
-  record each process writes first: the latest of the chief's sync loop
-  begins the latest run. (A chief restarted within a job begins a new one
-  too: merge with ``all_runs`` to see across it.)
+  record each process writes first in each of its files: the chief task's
+  latest begins the latest run, in either of its files (a run that applies
+  no update, a resume past its last step, writes only its train steps).
+  (A chief restarted within a job begins a new one too: merge with
+  ``all_runs`` to see across it.)
   """
   began = None
-  for path in glob.glob(os.path.join(directory, "*.chief.jsonl")):
+  chiefs = [os.path.basename(p)[:-len(".chief.jsonl")] for p in
+            glob.glob(os.path.join(directory, "*.chief.jsonl"))]
+  for path in [p for task in chiefs for p in glob.glob(
+      os.path.join(glob.escape(directory), glob.escape(task) + ".*.jsonl"))]:
     with open(path, encoding="utf-8") as lines:
       for line in lines:
         if '"start"' not in line:

@@ -128,9 +128,14 @@ def test_merge_takes_the_latest_run_unless_told_all(tmp_path):
         if key in r:
           r[key] += 100.0
     start = [dict(kind="start", began=99.0, pid=1)]
-    again = [dict(kind="start", began=150.0, pid=2)]
+    # The second run's chief began at 150: said in its train steps' file
+    # only (a resume past its last step applies no update: issue 38).
+    again = [dict(kind="start", began=150.0 if name.startswith("worker-0.w")
+                  else 151.0, pid=2)]
     records = [json.loads(line) for line in
                (first / name).read_text().splitlines()]
+    if name == "worker-0.chief.jsonl":
+      again = []  # Nothing of the second run in the sync loop's file.
     _write(tmp_path / "both", name, start + records + again + later)
   assert timeline.last_start(str(tmp_path / "both")) == 150.0
   latest, left_out = timeline.merge(str(tmp_path / "both"))
