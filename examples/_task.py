@@ -13,10 +13,12 @@ Replicas (the tasks that train) are the ``chief`` task, if the cluster has a
 worker 0 is the chief, as in TF1.
 """
 
+import argparse
 import collections
 import json
 import logging
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -53,6 +55,49 @@ def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
     logger.addHandler(handler)
   logger.setLevel(level)
   logger.propagate = False
+  tf_logger = logging.getLogger("tensorflow")
+  if not any(isinstance(f, _TensorFlowsOwnDeprecations)
+             for f in tf_logger.filters):
+    tf_logger.addFilter(_TensorFlowsOwnDeprecations())
+
+
+class _TensorFlowsOwnDeprecations(logging.Filter):
+  """Drops TensorFlow's notes that its own code calls a deprecated function
+  of its own (a resume logged "get_checkpoint_mtimes (from
+  tensorflow.python.checkpoint...) is deprecated", from
+  MonitoredTrainingSession's restore): nothing a reader of the examples can
+  act on. Every other TensorFlow line passes."""
+
+  def filter(self, record):
+    message = record.getMessage()
+    return not ("is deprecated" in message and "(from tensorflow." in message
+                and "/tensorflow/" in message.split(":", 1)[0])
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows each default once: not after a help text that says it in words,
+  and not at all for an option without a value (None, False)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if ("default" in text or action.default is None
+        or action.default is False):
+      return text
+    return super()._get_help_string(action)
+
+
+def command(name):
+  """How to run the installed command ``name`` from here, as printed.
+
+  The one beside this Python (a venv's bin, on PATH only once the venv is
+  activated), relative when it is under the working directory; else the
+  bare name.
+  """
+  path = os.path.join(os.path.dirname(sys.executable), name)
+  if not os.path.exists(path):
+    return name
+  relative = os.path.relpath(path)
+  return path if relative.startswith("..") else relative
 
 
 def add_cluster_flags(parser):

@@ -39,7 +39,7 @@ _LOG = logging.getLogger("examples.digits")
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=_task.HelpFormatter)
   parser.add_argument("--steps", type=int, default=600,
                       help="global step at which training stops")
   parser.add_argument("--batch_size", type=int, default=32,
@@ -71,9 +71,11 @@ def _parse(argv):
   parser.add_argument("--slow_ms", type=float, default=100.0,
                       help="the slow replica's extra wait per batch (ms)")
   parser.add_argument("--timeline_dir", default=None,
-                      help="where each task writes its sync timeline "
-                      "(default <logdir>/timeline; '' for none); merge with "
-                      "sync-replicas-timeline DIR --png F")
+                      help="where each task writes its sync timeline, e.g. "
+                      "<logdir>/timeline (default: none; it costs small "
+                      "steps like these a sizeable share of their speed, "
+                      "docs/timeline.md); merge with sync-replicas-timeline "
+                      "DIR --png F")
   _task.add_cluster_flags(parser)
   return parser.parse_args(argv)
 
@@ -114,7 +116,7 @@ def _train(args, task, server):
         opt = sync_replicas.SyncReplicasOptimizer(
             opt, replicas_to_aggregate=task.num_replicas - args.backups,
             total_num_replicas=task.num_replicas,
-            timeline_dir=_timeline_dir(args) or None)
+            timeline_dir=args.timeline_dir or None)
       train_op = opt.minimize(loss, global_step=global_step)
     # sync_replicas: tell sync-replicas-status where the sync state lives
     # (<logdir>/sync_manifest.json).
@@ -138,6 +140,8 @@ def _train(args, task, server):
           args.logdir, save_steps=args.checkpoint_every,
           listeners=[opt.make_checkpoint_saver_listener()])]
       save_steps = None
+    if task.is_chief:
+      _say_if_resuming(args)
     config = _task.session_config(task)
     delays = np.random.default_rng(1000 + task.replica_index)
     if not task.is_chief:
@@ -195,19 +199,25 @@ def _train(args, task, server):
     if not args.no_plot:
       _LOG.info("plot written to %s", log.plot(
           os.path.join(args.logdir, "training.png")))
-    if sync and _timeline_dir(args):
+    if sync and args.timeline_dir:
       # sync_replicas: each task wrote its part; merged once all have ended.
       _LOG.info("timeline written to %s; once every task has ended: "
-                "sync-replicas-timeline %s --png %s",
-                _timeline_dir(args), _timeline_dir(args),
-                os.path.join(_timeline_dir(args), "last.png"))
+                "%s %s --png %s", args.timeline_dir,
+                _task.command("sync-replicas-timeline"), args.timeline_dir,
+                os.path.join(args.timeline_dir, "last.png"))
   return 0
 
 
-def _timeline_dir(args):
-  if args.timeline_dir is None:
-    return os.path.join(args.logdir, "timeline")
-  return args.timeline_dir
+def _say_if_resuming(args):
+  """Says so when --logdir holds a checkpoint: training resumes from it."""
+  found = tf.train.latest_checkpoint(args.logdir)
+  if not found:
+    return
+  step = int(tf.train.load_variable(found, "global_step"))
+  _LOG.info("resuming from step %d: %s holds an earlier run's checkpoint%s "
+            "(another --logdir starts afresh)", step, args.logdir,
+            "; --steps %d is reached already, so one step is trained"
+            % args.steps if step >= args.steps else "")
 
 
 class _Progress:

@@ -31,7 +31,7 @@ _LOG = logging.getLogger("examples.digits_supervisor")
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=_task.HelpFormatter)
   parser.add_argument("--steps", type=int, default=300,
                       help="global step at which training stops")
   parser.add_argument("--batch_size", type=int, default=32)

@@ -55,7 +55,7 @@ def make_clicks(*, num_users, num_items, num_events, seed=0):
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__.splitlines()[0],
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+      formatter_class=_task.HelpFormatter)
   parser.add_argument("--steps", type=int, default=400,
                       help="global step at which training stops")
   parser.add_argument("--batch_size", type=int, default=128)

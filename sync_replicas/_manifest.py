@@ -78,7 +78,21 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
       "local_step": (None if local_step is None
                      else dict(_diagnose.local_step_spec(local_step)._asdict())),
       "generations_queue": generations_shared_name,
+      "network_namespace": _network_namespace(),
   }
+
+
+def _network_namespace():
+  """The writer's network namespace (its inode), or None off Linux.
+
+  A job that sync-replicas-launch confined is reachable only inside its
+  namespace: with this, the status tool finds the launch to enter (the
+  one whose namespace it is) without being told.
+  """
+  try:
+    return os.stat("/proc/self/ns/net").st_ino
+  except OSError:
+    return None
 
 
 def _entry(entry):

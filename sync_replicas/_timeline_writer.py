@@ -14,7 +14,10 @@ what happens when writing fails. ``record`` never blocks and never raises:
   bounded by ``CLOSE_SECS``.
 
 One writer per path in a process: a chief whose session is recreated, or
-two hooks of the same task, append to the same file.
+two hooks of the same task, append to the same file. A process's first
+write to a file is a ``start`` record holding when the process loaded this
+module, before its first step: the merge tells the runs that appended to
+one directory apart by the chief's.
 """
 
 import atexit
@@ -37,6 +40,9 @@ CLOSE_SECS = 5.0
 
 _lock = threading.Lock()
 _writers: "dict[str, TimelineWriter]" = {}
+#: Before this process's first timeline record (the module loads with the
+#: optimizer that records).
+PROCESS_BEGAN = time.time()
 
 
 class TimelineWriter:
@@ -89,6 +95,8 @@ class TimelineWriter:
           if out is None:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             out = open(self.path, "a", encoding="utf-8")
+            out.write(json.dumps({"kind": "start", "began": PROCESS_BEGAN,
+                                  "pid": os.getpid()}) + "\n")
           out.write(json.dumps(fields, separators=(",", ":")) + "\n")
         if out is not None and time.monotonic() - last_flush >= FLUSH_SECS:
           out.flush()

@@ -21,6 +21,7 @@ The protocol (stock's, unchanged):
 
 import collections
 import logging
+import sys
 import typing
 
 import tensorflow as tf
@@ -50,6 +51,17 @@ _LOG = logging.getLogger(__name__)
 # information: they tell readers, and type checkers read them as Any.
 _Averages = typing.Optional[tf.train.ExponentialMovingAverage]
 _Variables = typing.Optional[typing.Sequence[tf.Variable]]
+
+
+def _say_built(replicas_to_aggregate, total_num_replicas):
+  """What the constructor logs: stock's INFO line and, under the patch
+  (sync-replicas-run), that a program run unchanged got ours (once)."""
+  _LOG.info("SyncReplicasV2: replicas_to_aggregate=%s; total_num_replicas=%s",
+            replicas_to_aggregate, total_num_replicas)
+  # Looked up, not imported: no patch is loaded unless one was asked for.
+  patch = sys.modules.get("sync_replicas.patch")
+  if patch is not None and patch.is_installed():
+    patch.built()
 
 
 class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
@@ -137,8 +149,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     _checks.v1_optimizer(opt)
     _options.check_extras(r, t, **extras)
     super().__init__(use_locking, name)
-    _LOG.info("SyncReplicasV2: replicas_to_aggregate=%s; total_num_replicas=%s",
-              r, t)
+    _say_built(r, t)
     self._opt = opt  # Stock's name: TensorFlow's own tests read it.
     self._set_replica_counts(r, t)
     self._options = _options.make(r, t, **extras)

@@ -90,6 +90,35 @@ def read(directory: str) -> "tuple[list[Update], list[Step], list[str]]":
   return updates, steps, tasks
 
 
+def last_start(directory: str) -> "float | None":
+  """When the chief's process of the latest run in ``directory`` began, or
+  None (no chief's file, or files written before start records existed).
+
+  Runs that appended to one directory are told apart by the ``start``
+  record each process writes first in each of its files: the chief task's
+  latest begins the latest run, in either of its files (a run that applies
+  no update, a resume past its last step, writes only its train steps).
+  (A chief restarted within a job begins a new one too: merge with
+  ``all_runs`` to see across it.)
+  """
+  began = None
+  chiefs = [os.path.basename(p)[:-len(".chief.jsonl")] for p in
+            glob.glob(os.path.join(directory, "*.chief.jsonl"))]
+  for path in [p for task in chiefs for p in glob.glob(
+      os.path.join(glob.escape(directory), glob.escape(task) + ".*.jsonl"))]:
+    with open(path, encoding="utf-8") as lines:
+      for line in lines:
+        if '"start"' not in line:
+          continue
+        try:
+          r = json.loads(line)
+        except ValueError:
+          continue
+        if r.get("kind") == "start":
+          began = max(began or r["began"], r["began"])
+  return began
+
+
 def clock_offsets(updates: "typing.Sequence[Update]",
                   steps: "typing.Sequence[Step]") -> "dict[str, float]":
   """Seconds to add to each task's clock to put it on the chief's.
@@ -252,8 +281,11 @@ def chrome_trace(updates: "typing.Sequence[Update]",
                         "zero_unix_secs": zero}}
 
 
-_COLORS = {"between runs": "#f3e3a0", "compute": "#4c72b0", "push": "#dd8452", "stale": "#c44e52",
-           "wait for token": "#cccccc", "wait for gradients": "#cccccc",
+#: One colour per phase, the two waits apart: a worker's wait for its token
+#: and the chief's wait for gradients are different questions.
+_COLORS = {"between runs": "#f3e3a0", "compute": "#4c72b0",
+           "push": "#dd8452", "stale": "#c44e52",
+           "wait for token": "#c7c7c7", "wait for gradients": "#8fbcd4",
            "apply": "#55a868", "release tokens": "#8172b3"}
 
 
@@ -295,12 +327,21 @@ def render(path: str, updates: "typing.Sequence[Update]",
                              (u.applied, u.released, "release tokens")):
       ax.broken_barh([(start - lo, end - start)], (y - 0.35, 0.7),
                      color=_COLORS[kind])
-    ax.text(u.released - lo, y + 0.4, str(u.step), fontsize=7, ha="right")
+  # Each update's step above its bar, from the last back, skipping one that
+  # would touch the previous label: labels at each end ran together
+  # ("29993000").
+  gap, placed = (hi - lo) / 30, None
+  for u in reversed(shown):
+    at = (u.began + u.released) / 2 - lo
+    if placed is None or placed - at >= gap:
+      ax.text(at, y - 0.4, str(u.step), fontsize=7, ha="center",
+              va="bottom")
+      placed = at
   ax.set_yticks(range(len(rows)))
   ax.set_yticklabels(rows)
   ax.invert_yaxis()
   ax.set_xlabel("seconds (chief's clock)")
-  ax.set_title(title)
+  ax.set_title(title, fontsize=10)
   ax.legend(handles=[patches.Patch(color=c, label=k)
                      for k, c in _COLORS.items()],
             loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=8,
@@ -310,11 +351,56 @@ def render(path: str, updates: "typing.Sequence[Update]",
   pyplot.close(fig)
 
 
+def headline(rows: "dict[str, dict[str, float]]", shown: int,
+             updates: int) -> str:
+  """The picture's title: what it shows, whose push the updates waited for
+  last, and whose pushes were mostly dropped as stale.
+
+  The name alone misled (issue 38): with a backup, a healthy run's updates
+  wait last for whichever fast replica pushed second, often the chief,
+  while the slow replica's pushes arrive stale and are dropped.
+
+  Args:
+    rows: ``summary``'s rows.
+    shown: Updates in the picture.
+    updates: Updates in the run (the rows count over all of them).
+  """
+  lines = ["last %d of %d updates" % (shown, updates)]
+  slow = straggler(rows)
+  if slow is not None:
+    count = rows[slow]["waited_for_last"]
+    lines.append("waited for last most often: %s (%d of %d updates%s)" % (
+        slow, count, updates, "" if 2 * count > updates else
+        ", no one straggler"))
+  stale = [(task, row) for task, row in sorted(rows.items())
+           if row["steps"] and 2 * row["stale_pushes"] > row["steps"]]
+  if stale:
+    lines[-1] += "; mostly stale pushes (too late, dropped): " + ", ".join(
+        "%s (%d of %d)" % (task, row["stale_pushes"], row["steps"])
+        for task, row in stale)
+  return "\n".join(lines)
+
+
 def merge(
     directory: str, *, out: "str | None" = None, png: "str | None" = None,
-    last: int = 20) -> "dict[str, dict[str, float]]":
-  """Reads ``directory``, writes the trace (and PNG); returns the summary."""
+    last: int = 20, all_runs: bool = False
+) -> "tuple[dict[str, dict[str, float]], int]":
+  """Reads ``directory``, writes the trace (and PNG).
+
+  Only the latest run (``last_start``) unless ``all_runs``.
+
+  Returns:
+    ``(summary rows, records left out as earlier runs')``.
+  """
   updates, steps, _ = read(directory)
+  since = None if all_runs else last_start(directory)
+  left_out = 0
+  if since is not None:
+    kept_updates = [u for u in updates if u.began >= since]
+    kept_steps = [s for s in steps if s.began >= since]
+    left_out = (len(updates) - len(kept_updates)
+                + len(steps) - len(kept_steps))
+    updates, steps = kept_updates, kept_steps
   updates, steps, offsets = aligned(updates, steps)
   waited = waited_for(updates, steps)
   rows = summary(steps, waited)
@@ -322,11 +408,9 @@ def merge(
     with open(out, "w", encoding="utf-8") as f:
       json.dump(chrome_trace(updates, steps, offsets, waited), f)
   if png:
-    slow = straggler(rows)
     render(png, updates, steps, last=last,
-           title="last %d updates; waited for last most often: %s"
-           % (min(last, len(updates)), slow or "none"))
-  return rows
+           title=headline(rows, min(last, len(updates)), len(updates)))
+  return rows, left_out
 
 
 PROG = "sync-replicas-timeline"
@@ -346,15 +430,23 @@ def _main(argv):
   parser.add_argument("--png", help="also draw the last updates here")
   parser.add_argument("--last", type=int, default=20,
                       help="updates in the PNG")
+  parser.add_argument("--all", action="store_true",
+                      help="merge every run that wrote to DIRECTORY, not "
+                      "only the latest (the chief's last start)")
   args = parser.parse_args(argv)
   if args.last < 1:
     parser.error("--last must be at least 1, got %d" % args.last)
   out = args.out or os.path.join(args.directory, "trace.json")
   try:
-    rows = merge(args.directory, out=out, png=args.png, last=args.last)
+    rows, left_out = merge(args.directory, out=out, png=args.png,
+                           last=args.last, all_runs=args.all)
   except (OSError, ValueError) as e:
     sys.stderr.write("%s: %s\n" % (PROG, e))
     return _cli.EXIT_FAILED
+  if left_out:
+    sys.stdout.write("the latest run only: %d records of earlier runs in %s "
+                     "left out (--all merges them)\n"
+                     % (left_out, args.directory))
   sys.stdout.write("trace: %s\n" % out)
   if args.png:
     sys.stdout.write("picture: %s\n" % args.png)

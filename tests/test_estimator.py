@@ -23,6 +23,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -64,6 +65,25 @@ class _LastStep(tf.compat.v1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     self.at = time.monotonic()
     self.runs += 1
+
+
+class _StockRunnerBlocked(tf.compat.v1.train.SessionRunHook):
+  """Holds the stop until stock's runner is inside its blocking take.
+
+  ``end`` runs after the last step and before the session requests the
+  stop: a starved runner thread still between two runs then would see the
+  stop and end at once. ``at`` is when the wait ended, where the close's
+  wait for the grace period begins.
+  """
+
+  def __init__(self):
+    self._before = set(threading.enumerate())
+    self.at = None
+
+  def end(self, session):
+    support.wait_for_stock_runner_to_block(
+        [t for t in threading.enumerate() if t not in self._before])
+    self.at = time.monotonic()
 
 
 class _Rendezvous(tf.compat.v1.train.SessionRunHook):
@@ -203,8 +223,10 @@ def _short_stock_grace(monkeypatch):
 def test_stock_train_waits_for_the_grace_period(tmp_path, monkeypatch):
   monkeypatch.delenv("TF_CONFIG", raising=False)
   _short_stock_grace(monkeypatch)
-  waited, runs, _ = train(support.STOCK, str(tmp_path),
-                          session_config=support.session_config())
+  blocked = _StockRunnerBlocked()
+  _, runs, _ = train(support.STOCK, str(tmp_path),
+                     session_config=support.session_config(), hooks=[blocked])
+  waited = time.monotonic() - blocked.at
   assert STEPS <= runs <= STEPS + 1
   assert waited >= 2.5, "expected stock's wait for the (patched) grace period"
 

@@ -65,12 +65,14 @@ def _final_accuracy(out):
   return float(found[0])
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   out = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
                 "examples.digits", "--steps", "100", "--log_every", "25",
                 "--checkpoint_every", "50", "--logdir", str(tmp_path),
-                "--slow_replica", "2", "--slow_ms", "30")
+                "--slow_replica", "2", "--slow_ms", "30",
+                "--timeline_dir", str(tmp_path / "timeline"))
+  assert "resuming" not in out
   assert _final_accuracy(out) > 0.8, out[-4000:]  # chance: 0.1
   assert re.search(r"\[chief0\] step +\d+  loss \d\.\d+  test accuracy "
                    r"\d\.\d+  \d+\.\d steps/s", out), out[-4000:]
@@ -93,7 +95,7 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   # the slow worker from a trace, every time, is test_timeline's cluster
   # test (no backup there, so every update waits for it).
   assert "timeline written to %s" % (tmp_path / "timeline") in out
-  rows = timeline.merge(str(tmp_path / "timeline"),
+  rows, _ = timeline.merge(str(tmp_path / "timeline"),
                         out=str(tmp_path / "trace.json"),
                         png=str(tmp_path / "last.png"))
   assert set(rows) == {"chief-0", "worker-0", "worker-1"}, rows
@@ -101,6 +103,24 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   if rows["worker-1"]["steps"] >= 2:
     assert rows["worker-1"]["median_between_runs_ms"] >= 30.0, rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
+  # The same command again (issue 38: it resumed silently, and its timeline
+  # mixed with the first run's): it says it resumes, and from which step,
+  # and the merge takes its own run only unless told otherwise.
+  first = sum(r["steps"] for r in rows.values())
+  again = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
+                  "examples.digits", "--steps", "130", "--log_every", "25",
+                  "--checkpoint_every", "50", "--logdir", str(tmp_path),
+                  "--no_plot", "--timeline_dir", str(tmp_path / "timeline"))
+  assert re.search(r"\[chief0\] resuming from step 1\d\d: %s holds an "
+                   r"earlier run's checkpoint" % re.escape(str(tmp_path)),
+                   again), again[-4000:]
+  # TensorFlow's note about its own deprecated call, on a restore: dropped.
+  assert "get_checkpoint_mtimes" not in again, again[-4000:]
+  latest, left_out = timeline.merge(str(tmp_path / "timeline"))
+  both, none_left = timeline.merge(str(tmp_path / "timeline"), all_runs=True)
+  assert left_out >= first and none_left == 0, (left_out, first)
+  assert sum(r["steps"] for r in both.values()) == (
+      sum(r["steps"] for r in latest.values()) + first)
 
 
 @pytest.mark.timeout(240)

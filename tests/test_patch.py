@@ -372,6 +372,30 @@ def test_runner_patches_after_the_programs_own_import_of_tensorflow(
                                  "True"]
 
 
+def test_runner_says_once_that_the_program_built_ours(tmp_path):
+  # Issue 38: under the runner nothing said the class was swapped.
+  script = _script(tmp_path, "builds_two.py", """
+      import tensorflow as tf
+      for _ in range(2):
+        tf.compat.v1.train.SyncReplicasOptimizer(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            replicas_to_aggregate=1)
+      print("built")
+  """)
+  ours = _run(RUNNER + [str(script)])
+  assert ours.returncode == 0 and ours.stdout == "built\n", ours.stderr
+  said = [line for line in ours.stderr.splitlines()
+          if line.startswith("sync-replicas-run: ")]
+  with patch.install():
+    where = ", ".join(patch.replaced())
+  patch.uninstall()
+  assert said == [
+      "sync-replicas-run: the program's SyncReplicasOptimizer is "
+      "sync_replicas.SyncReplicasOptimizer: stock's name gives ours in %s "
+      "(docs/patch.md)" % where], ours.stderr
+  assert "compat.v1.train" in where
+
+
 def test_runner_list_names_what_install_replaces():
   done = _run(RUNNER + ["--list"])
   assert done.returncode == 0, done.stderr[-3000:]

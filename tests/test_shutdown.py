@@ -30,12 +30,14 @@ GRACE_SECS = support.STOCK_GRACE_SECS
 WORKER_END_SECS = support.OP_TIMEOUT_MS / 1000 / 2
 
 
-def _train(worker, *, last_step, grace, ready=None, fail_after=None):
+def _train(worker, *, last_step, grace, ready=None, fail_after=None,
+           before_close=None):
   """Trains in a ``with`` block as users do; returns (close secs, end time).
 
   The close time runs from the moment the loop left (normally, by an
-  exception in user code, or by OutOfRange from a closed token queue) to the
-  moment the ``with`` block was left.
+  exception in user code, or by OutOfRange from a closed token queue), and
+  ``before_close()`` returned if given, to the moment the ``with`` block was
+  left.
   """
   stop = tf.compat.v1.train.StopAtStepHook(last_step=last_step)
   left_loop = None
@@ -50,6 +52,8 @@ def _train(worker, *, last_step, grace, ready=None, fail_after=None):
           runs += 1
           if fail_after is not None and runs >= fail_after:
             raise ValueError("user code failed at run %d" % runs)
+        if before_close is not None:
+          before_close()
       finally:
         left_loop = time.monotonic()
   finally:
@@ -58,7 +62,8 @@ def _train(worker, *, last_step, grace, ready=None, fail_after=None):
 
 
 def _run_cluster(opt_cls, *, workers=3, replicas=2, last_step=15, grace=120,
-                 opt_kwargs=None, chief_fail_after=None):
+                 opt_kwargs=None, chief_fail_after=None,
+                 chief_before_close=None):
   """Chief first, then the others; returns each worker's (close, end)."""
   cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
   built = [support.LinearWorker(opt_cls, cluster, t, replicas=replicas,
@@ -67,7 +72,8 @@ def _run_cluster(opt_cls, *, workers=3, replicas=2, last_step=15, grace=120,
   ready = threading.Event()
   chief = support.BoundedThread(
       lambda: _train(built[0], last_step=last_step, grace=grace, ready=ready,
-                     fail_after=chief_fail_after), name="chief")
+                     fail_after=chief_fail_after,
+                     before_close=chief_before_close), name="chief")
   chief.start()
   assert ready.wait(30), "the chief did not create its session"
   others = [support.BoundedThread(
@@ -117,12 +123,17 @@ def test_stock_behaviour_waits_for_the_grace_period(impl_name):
   cls, kwargs = {"stock": (support.STOCK, None),
                  "ours_prompt_stop_off": (support.OURS,
                                           {"prompt_stop": False})}[impl_name]
-  # The chief alone: after its last update nothing pushes, so stock's runner
-  # is surely inside take_grad when the chief stops. (With other workers
-  # still pushing, a late push may free it first: a timing race, which made
-  # this test fail under load.)
-  chief, others = _run_cluster(cls, workers=1, replicas=1, grace=3,
-                               opt_kwargs=kwargs)
+  # The chief alone: after its last update nothing pushes, so a late push
+  # cannot free stock's runner from take_grad (with other workers still
+  # pushing one may: a timing race, which made this test fail under load).
+  # The chief stops only once the runner is inside that take: a starved
+  # runner thread still between two runs would see the stop and end at
+  # once (CI had it, with a second cluster beside it).
+  before = set(threading.enumerate())
+  chief, others = _run_cluster(
+      cls, workers=1, replicas=1, grace=3, opt_kwargs=kwargs,
+      chief_before_close=lambda: support.wait_for_stock_runner_to_block(
+          [t for t in threading.enumerate() if t not in before]))
   assert not others
   chief_close, _ = chief.finish(timeout=60)
   assert chief_close >= 2.5, "expected stock's wait for the grace period"

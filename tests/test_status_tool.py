@@ -7,6 +7,7 @@ that the state is exactly as before: the tool must never take or dequeue.
 
 import io
 import json
+import os
 import pathlib
 
 import tensorflow as tf
@@ -32,6 +33,8 @@ def test_manifest_names_the_sync_state(half_way):
           for a in manifest["accumulators"]] == [("w:0/grad_accum", False, [4])]
   assert manifest["accumulators"][0]["device"] == (
       workers[0].opt.accumulators[0][1])
+  # Where the status tool finds a confined launch's job (issue 38).
+  assert manifest["network_namespace"] == os.stat("/proc/self/ns/net").st_ino
 
 
 def test_status_reports_known_state_and_changes_nothing(half_way):

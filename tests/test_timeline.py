@@ -68,7 +68,7 @@ def _scripted(directory, *, skew=0.0):
 
 def test_merge_names_the_worker_updates_waited_for(tmp_path):
   _scripted(tmp_path)
-  rows = timeline.merge(str(tmp_path), out=str(tmp_path / "t.json"))
+  rows, _ = timeline.merge(str(tmp_path), out=str(tmp_path / "t.json"))
   assert rows["worker-1"]["waited_for_last"] == 3
   assert rows["worker-0"]["waited_for_last"] == 0
   assert timeline.straggler(rows) == "worker-1"
@@ -112,6 +112,47 @@ def test_merge_command_prints_the_verdict_and_draws(tmp_path):
   assert (tmp_path / "trace.json").exists()
 
 
+def test_merge_takes_the_latest_run_unless_told_all(tmp_path):
+  # Two runs appended to one directory (issue 38: a relaunch in the same
+  # logdir resumed and appended): the second run's chief began at 150.
+  first, second = tmp_path / "first", tmp_path / "second"
+  _scripted(first)
+  _scripted(second)
+  for name in ("worker-0.chief.jsonl", "worker-0.worker.jsonl",
+               "worker-1.worker.jsonl"):
+    later = [json.loads(line) for line in
+             (second / name).read_text().splitlines()]
+    for r in later:
+      for key in ("began", "grads", "pushed", "token", "taken", "applied",
+                  "released"):
+        if key in r:
+          r[key] += 100.0
+    start = [dict(kind="start", began=99.0, pid=1)]
+    # The second run's chief began at 150: said in its train steps' file
+    # only (a resume past its last step applies no update: issue 38).
+    again = [dict(kind="start", began=150.0 if name.startswith("worker-0.w")
+                  else 151.0, pid=2)]
+    records = [json.loads(line) for line in
+               (first / name).read_text().splitlines()]
+    if name == "worker-0.chief.jsonl":
+      again = []  # Nothing of the second run in the sync loop's file.
+    _write(tmp_path / "both", name, start + records + again + later)
+  assert timeline.last_start(str(tmp_path / "both")) == 150.0
+  latest, left_out = timeline.merge(str(tmp_path / "both"))
+  alone, _ = timeline.merge(str(second))
+  assert latest == alone and left_out == 3 + 3 + 4
+  both, left_out = timeline.merge(str(tmp_path / "both"), all_runs=True)
+  assert left_out == 0 and both["worker-1"]["steps"] == 8
+  done = subprocess.run(
+      [sys.executable, "-m", "sync_replicas.timeline",
+       str(tmp_path / "both")], capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, PYTHONPATH=support.pythonpath(ROOT)))
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.startswith(
+      "the latest run only: 10 records of earlier runs in %s left out "
+      "(--all merges them)\n" % (tmp_path / "both")), done.stdout
+
+
 def test_merge_command_on_a_directory_without_timeline(tmp_path):
   done = subprocess.run(
       [sys.executable, "-m", "sync_replicas.timeline", str(tmp_path)],
@@ -136,8 +177,11 @@ def test_writer_drops_what_does_not_fit_and_never_blocks(tmp_path,
   gate.set()
   with caplog.at_level(logging.WARNING, logger=_timeline_writer.__name__):
     writer.close()
-  lines = (tmp_path / "t.jsonl").read_text().splitlines()
-  assert 3 <= len(lines) <= 4  # What fitted (one may have left the queue).
+  records = [json.loads(line) for line in
+             (tmp_path / "t.jsonl").read_text().splitlines()]
+  assert records[0]["kind"] == "start"
+  # What fitted (one may have left the queue).
+  assert 3 <= len(records[1:]) <= 4, records
   assert "records dropped" in caplog.text
 
 
@@ -235,13 +279,15 @@ def test_only_runs_of_the_train_op_are_recorded(tmp_path):
       sess.run([loss, {"op": train_op}])
       settle(2)
   _timeline_writer.close_all()
-  worker = [json.loads(line) for line in
-            (tmp_path / "worker-0.worker.jsonl").read_text().splitlines()]
+  start, *worker = [json.loads(line) for line in
+                    (tmp_path / "worker-0.worker.jsonl").read_text().splitlines()]
+  assert start["kind"] == "start" and start["began"] <= worker[0]["began"]
   assert [(r["step"], r["got"]) for r in worker] == [(0, 0), (0, 1), (1, 2)]
   for r in worker:
     assert r["began"] <= r["grads"] <= r["pushed"] <= r["token"], r
-  chief = [json.loads(line) for line in
-           (tmp_path / "worker-0.chief.jsonl").read_text().splitlines()]
+  start, *chief = [json.loads(line) for line in
+                   (tmp_path / "worker-0.chief.jsonl").read_text().splitlines()]
+  assert start["kind"] == "start"
   assert [r["step"] for r in chief] == [1, 2]
   for r in chief:
     assert r["began"] <= r["taken"] <= r["applied"] <= r["released"], r
@@ -302,7 +348,7 @@ def test_the_trace_of_a_cluster_names_its_slow_worker(tmp_path):
     for log in logs:
       log.close()
   out = tmp_path / "trace.json"
-  rows = timeline.merge(spec["timeline_dir"], out=str(out),
+  rows, _ = timeline.merge(spec["timeline_dir"], out=str(out),
                         png=str(tmp_path / "last.png"))
   events = json.loads(out.read_text())["traceEvents"]
   name = {e["pid"]: e["args"]["name"] for e in events

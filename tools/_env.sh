@@ -1,7 +1,9 @@
 # Shared by tools/test and tools/demo: create (once) and activate the venv.
 # SYNC_REPLICAS_VENV picks another location; SYNC_REPLICAS_TF picks the
 # TensorFlow requirement (default: the CPU build, half the download), or
-# several separated by spaces, e.g. 'tensorflow-cpu==2.15.* numpy<2'.
+# several separated by spaces, e.g. 'tensorflow-cpu==2.15.* numpy<2';
+# SYNC_REPLICAS_PYTHON the interpreter that creates the venv (default:
+# python3; .ci/run passes a Python 3.13 for TensorFlow 2.21).
 # What is installed: tools/test needs the test and examples extras and
 # tf_keras; tools/demo sets sync_replicas_env_for=demo before sourcing this
 # and gets only what the demo needs, the examples extra. A venv installed
@@ -28,15 +30,23 @@ sums="$(cksum < "$root/setup.cfg")|$(cksum < "${BASH_SOURCE[0]}")"
 want="$tf_req|$extras|$sums"
 installed="$(cat "$stamp" 2>/dev/null || true)"
 if [ ! -x "$venv/bin/python" ]; then
-  echo "tools: creating $venv" >&2
-  python3 -m venv "$venv"
+  python="${SYNC_REPLICAS_PYTHON:-python3}"
+  echo "tools: creating $venv with $python ($("$python" --version 2>&1))" >&2
+  "$python" -m venv "$venv"
 fi
 if [ "$installed" != "$want" ] \
     && [ "$installed" != "$tf_req|test,examples|$sums" ]; then
   echo "tools: installing $tf_req and sync_replicas[$extras] into $venv" >&2
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q "${tf_reqs[@]}" \
-      -e "$root[$extras]" >&2
+  if [ "$extras" = examples ]; then
+    # The demo's: a plain install, not an editable one, whose build warns
+    # (setuptools, flat layout) on a newcomer's first run. The demo runs
+    # from the clone's root, where the clone's own package comes first.
+    package=("$root[$extras]")
+  else
+    package=(-e "$root[$extras]")
+  fi
+  "$venv/bin/python" -m pip install -q "${tf_reqs[@]}" "${package[@]}" >&2
   if [ "$extras" = test,examples ]; then
     # tf_keras (the keras2 extra, for tests/test_keras.py) must match
     # TensorFlow's minor version, and it requires the full `tensorflow`

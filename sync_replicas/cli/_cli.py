@@ -30,7 +30,20 @@ EXIT_INTERRUPTED = 130
 
 class _Formatter(argparse.RawDescriptionHelpFormatter,
                  argparse.ArgumentDefaultsHelpFormatter):
-  """The docstring as written (its examples keep their lines), defaults."""
+  """The docstring as written (its examples keep their lines), defaults.
+
+  Each default once: a help text that says its default in words keeps them
+  alone, and an option without a value to show (None, False, "") gets no
+  "(default: None)".
+  """
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    nothing = (action.default is None or action.default is False
+               or action.default == "")  # Not `in`: 0 == False, worth showing.
+    if "default" in text or nothing:
+      return text
+    return super()._get_help_string(action)
 
 
 class Parser(argparse.ArgumentParser):

@@ -2,8 +2,9 @@
 
 Owns moving the calling process into a network namespace of its own (inside
 a user namespace of its own when it is not root, or when root may not create
-one directly), bringing that namespace's loopback up, and entering the
-namespace of another process.
+one directly), bringing that namespace's loopback up, entering the namespace
+of another process, and asking whether a port listens in a process's
+namespace.
 
 Why: TensorFlow's gRPC server listens on ``0.0.0.0:<port>`` with insecure
 credentials whatever address the cluster spec names, and anyone who reaches
@@ -57,7 +58,7 @@ def confine():
   if not sys.platform.startswith("linux"):
     raise CannotConfine("network namespaces exist on Linux only, this is %s"
                         % sys.platform)
-  threads = _thread_count()
+  threads = thread_count()
   if threads > 1:
     raise CannotConfine("the process already runs %d threads; confine it "
                         "before starting any" % threads)
@@ -91,6 +92,28 @@ def is_confined_apart(pid):
   """True if process ``pid`` is in another network namespace than we are."""
   return (os.stat("/proc/%d/ns/net" % pid).st_ino
           != os.stat("/proc/self/ns/net").st_ino)
+
+
+def listens(port, pid="self"):
+  """True if a TCP socket listens on ``port`` in the network namespace of
+  process ``pid`` (``/proc/PID/net`` shows that namespace's sockets).
+
+  Raises:
+    OSError: If the process's tables cannot be read (it ended, or is not
+      ours to read).
+  """
+  for table in ("tcp", "tcp6"):
+    path = "/proc/%s/net/%s" % (pid, table)
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding="ascii") as rows:
+      next(rows)  # The header.
+      for row in rows:
+        fields = row.split()
+        # 0A: TCP_LISTEN.
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+          return True
+  return False
 
 
 def enter(pid):
@@ -136,7 +159,8 @@ def _libc():
   return libc
 
 
-def _thread_count():
+def thread_count():
+  """This process's threads (TensorFlow's C++ ones included), from /proc."""
   try:
     return len(os.listdir("/proc/self/task"))
   except OSError:

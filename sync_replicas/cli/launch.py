@@ -5,9 +5,10 @@
 Starts every task of the cluster as its own process on 127.0.0.1 with free
 ports: the ps tasks, then the chief (replica 0, job ``chief``), then the
 other replicas (job ``worker``). Each process gets its TF_CONFIG, as
-Kubernetes TFJob sets it, and SYNC_REPLICAS_BACKUPS (``--backup``), which the
-examples use as the default of their ``--backups``. Every line a task prints
-is streamed with the task's name in front.
+Kubernetes TFJob sets it, SYNC_REPLICAS_BACKUPS (``--backup``), which the
+examples use as the default of their ``--backups``, and, unless already set,
+TF_CPP_MIN_LOG_LEVEL=2 (TensorFlow's C++ errors only). Every line a task
+prints is streamed with the task's name in front.
 
 The run ends when every replica has exited: the ps tasks, which serve until
 stopped, are then terminated. It ends early, stopping every task, on Ctrl-C,
@@ -24,7 +25,8 @@ Where the platform cannot make the namespace the launcher stops with one line
 saying why; --unconfined (or SYNC_REPLICAS_UNCONFINED=1) runs the cluster on
 the machine's network instead, on free ports unless --port is given. Run a
 tool inside a confined cluster's namespace from another terminal with the
-launcher's pid, which it prints:
+launcher's pid, which it prints (sync-replicas-status finds the launch of
+the job whose manifest it reads by itself):
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -210,6 +212,10 @@ class Launcher:
     self._env = dict(os.environ if environ is None else environ)
     self._env["SYNC_REPLICAS_BACKUPS"] = str(args.backup)
     self._env.pop("TF_CONFIG", None)
+    # TensorFlow reads it once, as it loads: only the environment a task
+    # starts with can keep its C++ INFO and WARNING lines (a dozen per task,
+    # some alarming and routine) out of the merged log.
+    self._env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     self.tasks = []
 
   def say(self, fmt, *args):
@@ -402,6 +408,34 @@ def _enter(args):
   except OSError as e:
     _cli.say(PROG, "could not start %r: %s" % (" ".join(args.command), e))
     return EXIT_CANNOT_RUN
+
+
+def confined_launches(*, port=None, namespace=None):
+  """The pids of the running confined launches, those whose namespace
+  listens on ``port``, or whose namespace is ``namespace`` (its inode, as
+  a sync manifest records it): where a tool must go to reach their cluster.
+
+  Only launches of this machine that this user may look into count; an
+  ``--enter`` has become its command and is not one.
+  """
+  found = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) == os.getpid():
+      continue
+    pid = int(entry)
+    try:
+      with open("/proc/%d/cmdline" % pid, "rb") as f:
+        argv = [a.decode(errors="replace") for a in f.read().split(b"\0")
+                if a]
+      if (_is_launch(argv) and "--enter" not in argv
+          and _confine.is_confined_apart(pid)
+          and (namespace is None
+               or os.stat("/proc/%d/ns/net" % pid).st_ino == namespace)
+          and (port is None or _confine.listens(port, pid))):
+        found.append(pid)
+    except OSError:
+      continue  # Ended meanwhile, or not ours to read.
+  return found
 
 
 def _is_launch(argv):

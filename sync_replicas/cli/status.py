@@ -20,7 +20,12 @@ cluster (``--target``, else the first ``--ps`` address, else TF_CONFIG's
 first ps task), sees only the jobs that hold sync state, and runs nothing but
 ``num_accumulated``, the queues' ``size`` and reads of the global and local
 steps: it never takes, dequeues or assigns, so it cannot change training.
-For a cluster that sync-replicas-launch confined, run it inside:
+A cluster that sync-replicas-launch confined to its network namespace is
+reached there: for a target on 127.0.0.1, the tool enters the namespace of
+the running confined launch that the manifest names (its writer records its
+network namespace), or, for a manifest without that record, of the one
+launch whose namespace listens on the target's port, and says so. With
+several such launches it asks for one:
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -36,6 +41,8 @@ import time
 import typing
 
 from sync_replicas.cli import _cli
+from sync_replicas.cli import _confine
+from sync_replicas.cli import launch
 
 PROG = "sync-replicas-status"
 
@@ -104,9 +111,105 @@ def main(argv: "typing.Sequence[str] | None" = None, *,
     out: Where the snapshots go (default: stdout); errors go to stderr.
     clock: Seconds, for ``--stall-secs`` (tests pass their own).
   """
+  refused = _before_threads(argv)
+  if refused is not None:
+    return refused
   # Ctrl-C ends it at once: it only reads, and holds no process or file.
   return _cli.run(lambda a: _main(a, out=out or sys.stdout, clock=clock),
                   argv, prog=PROG, exit_at_once=True)
+
+
+#: The manifest's file name in a directory (``_manifest.FILE_NAME``, which
+#: imports TensorFlow).
+MANIFEST_FILE = "sync_manifest.json"
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+def _local_manifest(path):
+  """``(file, reason)`` for the manifest at ``path``, before TensorFlow's
+  import, so that a missing one is reported at once: the local file and
+  None; None and why there is none; or (None, None) for a URL such as
+  gs://..., which only TensorFlow reads."""
+  if "://" in path:
+    return None, None
+  file = os.path.join(path, MANIFEST_FILE) if os.path.isdir(path) else path
+  if os.path.isfile(file):
+    return file, None
+  return None, ("No sync manifest at %s. The job's chief writes it with "
+                "opt.write_sync_manifest(checkpoint_dir); the examples write "
+                "it to their --logdir. Pass that file or directory." % file)
+
+
+def _recorded_namespace(file):
+  """The network namespace the manifest's writer ran in, or None (none
+  recorded, or no manifest to read: reported later, in its words)."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      found = json.load(f).get("network_namespace")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return found if isinstance(found, int) else None
+
+
+def _enter_confined_launch(target, namespace):
+  """Enters the namespace of the confined launch that runs the job.
+
+  Only for a target on loopback, and only in a process without threads:
+  the tool run as a command, before TensorFlow's import (a user namespace
+  admits no process with threads, and a network namespace would hold only
+  the calling thread). Called in a process with threads (a test's), it
+  leaves the namespace alone. The launch is the one whose namespace the
+  manifest names (``namespace``, as its writer recorded it); without a
+  record, the one whose namespace listens on the target's port, when
+  nothing of this namespace does.
+
+  Returns:
+    None, or the reason the tool cannot choose (several launches).
+  """
+  host, _, port = target[len("grpc://"):].rpartition(":")
+  if host not in _LOOPBACK_HOSTS or _confine.thread_count() > 1:
+    return None
+  if namespace is not None:
+    if namespace == os.stat("/proc/self/ns/net").st_ino:
+      return None
+    pids = launch.confined_launches(namespace=namespace)
+  elif _confine.listens(int(port)):
+    return None
+  else:
+    pids = launch.confined_launches(port=int(port))
+  if len(pids) > 1:
+    return ("%d confined launches (pids %s) serve port %s, each in its own "
+            "network namespace: pick one with sync-replicas-launch --enter "
+            "PID -- %s ..." % (len(pids), ", ".join(map(str, pids)), port,
+                               PROG))
+  if pids:
+    try:
+      _confine.enter(pids[0])
+    except _confine.CannotConfine as e:
+      return "cannot enter the namespace of launch %d: %s" % (pids[0], e)
+    _cli.say(PROG, "reading inside the network namespace of %s %d, where "
+             "the job runs" % (launch.PROG, pids[0]))
+  return None
+
+
+def _before_threads(argv):
+  """What runs before the tool starts a thread (``_cli.run``'s Ctrl-C
+  waiter, TensorFlow's): a missing manifest, reported at once, and the
+  confined launch to enter. Returns an exit code to end with, or None.
+  """
+  args = _parse(argv)
+  file, missing = _local_manifest(args.manifest)
+  try:
+    target = _target(args)
+  except ValueError:
+    target = None  # Reported after the manifest is read, in its order.
+  refused = missing or (
+      target and sys.platform.startswith("linux") and _enter_confined_launch(
+          target, _recorded_namespace(file) if file else None))
+  if refused:
+    _cli.say(PROG, refused)
+    return _cli.EXIT_FAILED
+  return None
 
 
 def _main(argv, *, out, clock):

@@ -170,9 +170,28 @@ def install() -> Installation:
           "in the script instead, or use a TensorFlow from 2.15 to 2.21."
           % (_tf_version(), ", ".join(unpatched)))
     _warn_about_early_bindings(stock)
-    logger.info("Stock's SyncReplicasOptimizer is sync_replicas' now, in %s.",
-                ", ".join(replaced()))
+    # Said where it shows: once the program builds one (``built``).
+    logger.debug("Stock's SyncReplicasOptimizer is sync_replicas' now, in "
+                 "%s.", ", ".join(replaced()))
     return Installation(installed_here=True)
+
+
+def built() -> None:
+  """Says, once per installation, that the program built ours while patched.
+
+  The optimizer calls it from its constructor while ``is_installed()``: a
+  program run unchanged reaches ours through stock's names, and this INFO
+  line (the runner shows it on stderr) is what tells the two apart. It
+  names where stock's name now gives ours.
+  """
+  with _lock:
+    if not _state or _state.get("said"):
+      return
+    _state["said"] = True
+    where = replaced()
+  logger.info("the program's SyncReplicasOptimizer is sync_replicas."
+              "SyncReplicasOptimizer: stock's name gives ours in %s "
+              "(docs/patch.md)", ", ".join(where))
 
 
 def uninstall() -> None:

@@ -10,6 +10,7 @@ installed command ``sync-replicas-run`` is the same runner.
 
 import atexit
 import importlib.util
+import logging
 import os
 import runpy
 import signal
@@ -127,8 +128,19 @@ class _Interrupted:
       os.kill(os.getpid(), signal.SIGINT)
 
 
+def _show_the_patch():
+  """The patch's lines go to stderr, as this tool's: the program's own
+  logging, whatever it is, does not decide whether the swap is seen."""
+  handler = logging.StreamHandler(sys.stderr)
+  handler.setFormatter(logging.Formatter(PROG + ": %(message)s"))
+  patch.logger.addHandler(handler)
+  patch.logger.setLevel(logging.INFO)
+  patch.logger.propagate = False
+
+
 def _run(kind, target, args):
   """Runs the program as ``__main__``; returns only if it returned."""
+  _show_the_patch()
   if kind == "script":
     if not os.path.exists(target):
       return _usage_error("can't open file %r: [Errno 2] No such file or "
