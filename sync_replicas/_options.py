@@ -13,6 +13,7 @@ import numbers
 from typing import Any, Optional
 
 from sync_replicas import _checks
+from sync_replicas import _data_end
 from sync_replicas import _timeline
 from sync_replicas import _tokens
 
@@ -110,6 +111,16 @@ class Options:
       ``sync-replicas-timeline`` to merge into one trace. None
       (default): the environment variable ``SYNC_REPLICAS_TIMELINE`` if set,
       else no timeline and nothing of it in the graph.
+    data_end: Not in stock. What happens when a worker's input ends
+      (its one-pass input raises OutOfRange, which ends its MonitoredSession
+      normally; a Supervisor loop calls ``announce_data_end``):
+      ``"train_all"`` (default): the worker says it is done, later updates
+      need only ``min(replicas_to_aggregate, workers not done)`` gradients,
+      and a chief whose data ended keeps running updates until every worker
+      is done; ``"stop_together"``: every worker stops at once, at the same
+      global step; ``"stock"``: stock's behaviour (the others wait for the
+      gone worker's gradient). See docs/data_end.md. Needs
+      ``prompt_stop=True`` unless ``"stock"``.
   """
 
   replicas_to_aggregate: int
@@ -131,6 +142,7 @@ class Options:
   min_replicas_to_aggregate: Optional[int] = None
   aggregation_deadline_secs: Optional[float] = None
   timeline_dir: Optional[str] = None
+  data_end: str = _data_end.TRAIN_ALL
 
   @property
   def tokens_per_step(self) -> int:
@@ -187,7 +199,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  prompt_stop, stall_log_secs, stall_timeout_secs,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
-                 timeline_dir, **unchecked):
+                 timeline_dir, data_end, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -203,6 +215,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                      replicas_to_aggregate=r, prompt_stop=prompt_stop)
   _checks.averages(variable_averages, variables_to_average)
   _timeline.directory_from(timeline_dir)
+  _data_end.check(data_end, prompt_stop=prompt_stop)
 
 
 def make(r, t, **extras):

@@ -55,6 +55,7 @@ import time
 import tensorflow as tf
 
 from sync_replicas import _compat
+from sync_replicas import _data_end
 from sync_replicas import _diagnose
 from sync_replicas import _saves
 from sync_replicas import _timeline
@@ -305,6 +306,8 @@ class BlockingLoop:
   needs_coordinator = False
   #: Every update waits for replicas_to_aggregate: none is counted early.
   by_deadline = None
+  #: Workers that are done change nothing.
+  data_end = None
 
   def run_remote(self, runner, sess, coord, in_flight):
     if runner.updates.pauses_for_saves:
@@ -335,33 +338,48 @@ class BlockingLoop:
         coord.wait_for_stop(LOCAL_POLL_SECS)
 
 
-class DeadlineLoop:
-  """The loop with an aggregation deadline (see the module doc).
+class PollingLoop:
+  """The loop that never blocks in a take (see the module doc).
 
-  Polls the accumulators' counts instead of blocking in ``take_grad``, the
-  same way against a remote master and in process. Errors propagate to the
-  caller, which reports them unless stopping.
+  Polls the accumulators' counts (and the workers done, with a ``data_end``
+  policy) and runs the sync op only once every accumulator holds what the
+  update needs, feeding that count to every take; the same way against a
+  remote master and in process. Used with an aggregation deadline, with a
+  ``data_end`` policy, or both. Errors propagate to the caller, which
+  reports them unless stopping.
 
   Args:
-    num_required: The tensor every take waits for (a placeholder with
-      default ``replicas_to_aggregate``).
-    min_replicas: The fewest gradients an update after the deadline applies.
-    secs: The deadline, counted from the last update.
+    feeds: The tensors every take reads its count from (our
+      ``num_required`` placeholder with a deadline, else stock's constants).
+    replicas_to_aggregate: Gradients a full update averages.
+    data_end: A ``_data_end.DataEnd`` or None: an update then needs
+      ``data_end.need(done)``; once every worker is done what is left is
+      applied and the loop idles; with ``"stop_together"`` the first worker
+      done ends the job.
+    min_replicas: With a deadline, the fewest gradients an update after the
+      deadline applies.
+    secs: The deadline, counted from the last update; None: no deadline.
+    num_required: With a deadline, the placeholder of ``by_deadline``.
   """
 
-  #: Only a coordinator ends the polling loop.
-  needs_coordinator = True
-
-  def __init__(self, num_required, min_replicas, secs, *,
-               replicas_to_aggregate):
-    self.num_required = num_required
+  def __init__(self, feeds, *, replicas_to_aggregate, data_end=None,
+               min_replicas=None, secs=None, num_required=None):
+    self.feeds = list(feeds)
+    self.data_end = data_end
     self.min_replicas = min_replicas
     self.secs = secs
     self._full = replicas_to_aggregate
+    self._num_required = num_required
+    # Only a coordinator ends a deadline's loop. Without one (a plain
+    # Session script) a data_end loop gives way to stock's threads, whose
+    # takes read stock's constants.
+    self.needs_coordinator = secs is not None
+    # A function for the statistics' count of deadline updates, or None.
+    self.by_deadline = self._by_deadline if secs is not None else None
 
-  def by_deadline(self):
+  def _by_deadline(self):
     """A bool tensor: the deadline released this update (fewer were fed)."""
-    return tf.less(self.num_required, self._full)
+    return tf.less(self._num_required, self._full)
 
   def run_remote(self, runner, sess, coord, in_flight):
     del in_flight  # Its takes never wait: nothing is left pending.
@@ -371,24 +389,51 @@ class DeadlineLoop:
     self._poll(runner, sess, coord)
 
   def _poll(self, runner, sess, coord):
-    full = runner.replicas_to_aggregate
-    read = sess.make_callable([runner.global_step] +
+    ends = self.data_end
+    extra = [ends.done_count] if ends is not None else []
+    read = sess.make_callable([runner.global_step] + extra +
                               list(runner.status.num_accumulated))
-    run_sync = runner.sync_callable(sess, feed_list=[self.num_required])
+    run_sync = runner.sync_callable(sess, feed_list=self.feeds)
+    feeds = len(self.feeds)
+
+    def update(count):
+      if quiet is not None:
+        quiet.ready()
+      runner.updates.run(coord, run_sync, *[count] * feeds)
+      if quiet is not None:
+        coord.wait_for_stop(quiet.updated())
+
+    # No quiet sleep with a deadline: it would move the deadline's polls.
+    quiet = QuietStart(clock=runner.clock) if self.secs is None else None
     last_update = runner.clock()
     while not coord.should_stop():
       step, *counts = read()
+      done = counts.pop(0) if ends is not None else 0
       have = min(counts)
+      full = self._full if ends is None else ends.need(done)
       waited = runner.clock() - last_update
-      if have >= full:
-        runner.updates.run(coord, run_sync, full)
-      elif have >= self.min_replicas and waited >= self.secs:
+      deadline = self.secs is not None and waited >= self.secs
+      if done and ends.policy == _data_end.STOP_TOGETHER:
+        runner.end_with_the_data(coord, step=int(step), dropped=have)
+        return
+      if ends is not None and ends.all_done(done):
+        if have > 0:
+          _LOG.info("sync_replicas: every worker is done: the last update "
+                    "(to step %d) applies the %d gradients left", int(step) + 1,
+                    have)
+          update(have)
+          continue
+        coord.wait_for_stop(SESSION_CHECK_SECS)
+        continue
+      if full and have >= full:
+        update(full)
+      elif deadline and have >= min(self.min_replicas, full):
         _LOG.info(
             "sync_replicas: no full update for %.2f s "
             "(aggregation_deadline_secs=%s): update to step %d goes ahead "
             "with %d of replicas_to_aggregate=%d gradients", waited,
             self.secs, int(step) + 1, have, full)
-        runner.updates.run(coord, run_sync, have)
+        update(have)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
@@ -412,7 +457,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
     self._extra_close_op = extra_close_op
-    # How the chief's thread runs the sync op: BlockingLoop or DeadlineLoop.
+    # How the chief's thread runs the sync op: BlockingLoop or PollingLoop.
     self._loop = loop if loop is not None else BlockingLoop()
     self.sync_op = sync_op
     self._timeline = timeline
@@ -434,6 +479,29 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # Held while an update is applied, and by a checkpoint save once a
     # checkpoint listener exists: no save sees half an update.
     self.updates = _saves.UpdateLock(prompt_stop=prompt_stop)
+    # Set when data_end="stop_together" ended the job: the stop closes the
+    # token queue even while the chief's own run waits for a token.
+    self._ended_with_the_data = False
+
+  @property
+  def serving(self):
+    """True while a sync loop of this runner runs (in the chief's process)."""
+    with self._guard:
+      return bool(self._running)
+
+  def end_with_the_data(self, coord, *, step, dropped):
+    """``data_end="stop_together"``: a worker's data ended; stop everyone.
+
+    Stops the coordinator; its closer then closes the token queue, so every
+    worker's wait for a token ends with OutOfRange, a normal end, at this
+    global step.
+    """
+    _LOG.info("sync_replicas: a worker's data ended (data_end="
+              "\"stop_together\"): every worker stops at global step %d; "
+              "%d gradient(s) per variable pushed for the next update are "
+              "dropped", step, dropped)
+    self._ended_with_the_data = True
+    coord.request_stop()
 
   @property
   def prompt_stop(self):
@@ -586,6 +654,13 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # restarted (its accumulators unreadable on this session).
     # Asked first, so that every stop forgets the session's run state.
     state = self._forget_runs(sess)
+    if self._ended_with_the_data:
+      try:
+        sess.run(self._close_ops(), options=options)
+      except Exception as e:  # pylint: disable=broad-except
+        _LOG.debug("closing the token queue on stop: %s", e)
+      runner_sess.close()
+      return
     if _recovering(coord):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
@@ -646,12 +721,18 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
+      done = self._read_done(sess)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=self.replicas_to_aggregate,
+          replicas_to_aggregate=(
+              self.replicas_to_aggregate if done is None else
+              self._loop.data_end.need(len(done))),
           global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
           local_steps=self._read_local_steps(sess))
+      if done is not None:
+        what += "; %s" % _data_end.done_clause(
+            done, total_num_replicas=self._loop.data_end.total_num_replicas)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         try:
           raise errors.SyncStallError(
@@ -666,6 +747,19 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         return
       if self._stall_log_secs:
         _LOG.warning("sync_replicas: no update for %.0f s: %s", waited, what)
+
+  def _read_done(self, sess):
+    """The keys of the workers whose input ended, or None without a
+    ``data_end`` policy or when the record cannot be read."""
+    ends = self._loop.data_end
+    if ends is None:
+      return None
+    try:
+      keys, _ = sess.run(ends.done_keys)
+    except Exception as e:  # pylint: disable=broad-except
+      _LOG.debug("reading the workers done failed: %s", e)
+      return None
+    return sorted(int(k) for k in keys)
 
   def _read_local_steps(self, sess):
     """Every replica's local step, for the stall line; () if unknowable.

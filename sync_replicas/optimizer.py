@@ -28,6 +28,7 @@ from sync_replicas import _accumulators
 from sync_replicas import _averages
 from sync_replicas import _checks
 from sync_replicas import _compat
+from sync_replicas import _data_end
 from sync_replicas import _keras
 from sync_replicas import _manifest
 from sync_replicas import _options
@@ -95,7 +96,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
-               aggregation_deadline_secs: "float | None" = None):
+               aggregation_deadline_secs: "float | None" = None,
+               data_end: str = _data_end.TRAIN_ALL):
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -133,6 +135,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     self._set_replica_counts(r, t)
     self._options = _options.make(r, t, **extras)
     self._tokens = _tokens.policy(self._options, shared_prefix=(
+        _tokens.shared_prefix(name)))
+    self._data_end = _data_end.make(self._options, shared_prefix=(
         _tokens.shared_prefix(name)))
     self._state = self._chief_queue_runner = None  # Set by apply_gradients.
 
@@ -257,7 +261,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     del name  # Stock ignores it too; op names must match stock's.
     grads_and_vars = tuple(grads_and_vars)
     _validate(self, grads_and_vars, global_step)
-    b = _Build(self, self.get_name(), self._tokens, global_step)
+    b = _Build(self, self.get_name(), self._tokens, self._data_end,
+               global_step)
     b.local_step_and_statistics()
     b.aggregation_count()
     with tf.compat.v1.name_scope(None, self.get_name()):
@@ -322,9 +327,17 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     # Every way of starting the protocol runs this op, not always
     # chief_init_op (a Supervisor's default local init skips it): the
     # cluster counters start here too, before any token exists.
+    encode = state.generations.encode
+    if (num_tokens == -1 and self._data_end.enabled
+        and not self.options.one_gradient_per_worker
+        and state.generations.enabled):
+      # Where the tokens already pass through our scope (int64 steps).
+      def encode(steps, ends=self._data_end, generations=state.generations):
+        with tf.compat.v1.name_scope(state.scope):
+          steps = ends.initial_steps(steps, starts=generations.starts)
+        return generations.encode(steps)
     fill = state.tokens.initial_fill(
-        state.global_step, count, encode=state.generations.encode,
-        after=state.stats.init_ops)
+        state.global_step, count, encode=encode, after=state.stats.init_ops)
     return fill if fill is not None else tf.no_op(name="no_init_tokens")
 
   def make_checkpoint_saver_listener(
@@ -337,6 +350,59 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     ``apply_gradients()``, with ``prompt_stop=False`` or a bad timeout."""
     runner = self.get_chief_queue_runner()  # Raises before the build.
     return _saves.SavePauseListener(runner.updates, timeout_secs)
+
+  def announce_data_end(self, sess, *, is_chief=None, batches=None,
+                        should_stop=None):
+    """Not in stock: tells the job that this worker's input has ended.
+
+    The session hook calls it by itself when a run of a MonitoredSession
+    (or an Estimator) ends on OutOfRangeError or StopIteration. A
+    Supervisor loop runs no hooks: call it once when the input ends (a
+    closed input queue raising OutOfRangeError), before ``sv.stop()``::
+
+      try:
+        while not sv.should_stop():
+          sess.run(train_op)
+      except tf.errors.OutOfRangeError:
+        opt.announce_data_end(sess)  # sync_replicas: this worker is done
+
+    With ``data_end="train_all"`` the updates then need one gradient less
+    (down to ``replicas_to_aggregate`` with backups), and on the chief it
+    returns only once every worker is done (or nothing moved for
+    ``stall_timeout_secs``, 600 s without it; logged), its sync loop
+    running meanwhile. With ``"stop_together"`` every worker stops at once.
+    With ``"stock"`` it does nothing. Logs one line either way.
+
+    Args:
+      sess: A session on this worker's target (the Supervisor's, a
+        MonitoredSession's raw one).
+      is_chief: Whether this is the chief; None: whether this process runs
+        the optimizer's sync loop.
+      batches: This worker's train steps, for the log line; None: unknown.
+      should_stop: A callable; the chief's wait ends when it returns True.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    state = self._built("announce_data_end", self._state)
+    ends = self._data_end
+    if not ends.enabled:
+      return
+    done = ends.announce(sess, batches=batches)
+    if done is None:
+      return
+    if is_chief is None:
+      is_chief = self._chief_queue_runner.serving
+    ends.log_done(batches=batches, done=done, is_chief=is_chief)
+    if (not is_chief or ends.policy != _data_end.TRAIN_ALL
+        or ends.all_done(done)):
+      return
+    o = self.options
+    ends.wait_for_the_others(
+        sess, global_step=state.global_step,
+        should_stop=should_stop or (lambda: False),
+        no_progress_secs=o.stall_timeout_secs or _data_end.NO_PROGRESS_SECS,
+        log_secs=o.stall_log_secs)
 
   def make_session_run_hook(self, is_chief, num_tokens=-1):
     """Creates a hook to handle SyncReplicasHook ops such as initialization.
@@ -377,7 +443,7 @@ class _Build:
   this object, where they left it.
   """
 
-  def __init__(self, optimizer, name, tokens, global_step):
+  def __init__(self, optimizer, name, tokens, data_end, global_step):
     """Our name scope and the restart generations (nothing stock's yet)."""
     self.wrapped = optimizer._opt  # pylint: disable=protected-access
     self.o = optimizer.options
@@ -389,6 +455,7 @@ class _Build:
         None, name + "_status") as scope:
       self.scope = scope
     self.tokens = tokens
+    self.data_end = data_end
     self.generations = _restart.Generations(
         global_step, scope=scope,
         token_queue_shared_name=self.tokens.shared_name)
@@ -438,14 +505,28 @@ class _Build:
     """
     r = self.o.replicas_to_aggregate
     if not self.o.has_deadline:
-      self.num_required, self.loop = r, _runner.BlockingLoop()
+      self.num_required = r
       return
     with tf.compat.v1.name_scope(self.scope):
       self.num_required = tf.compat.v1.placeholder_with_default(
           tf.constant(r, tf.int32), [], name="num_required")
-    self.loop = _runner.DeadlineLoop(
-        self.num_required, self.o.min_replicas_to_aggregate,
-        self.o.aggregation_deadline_secs, replicas_to_aggregate=r)
+
+  def chief_loop(self):
+    """How the chief's runner runs the sync op once the takes exist.
+
+    Stock's blocking loop, unless an update may need fewer than
+    ``replicas_to_aggregate`` gradients (a deadline, or workers done): then
+    a polling loop that feeds every take its count.
+    """
+    if not self.o.has_deadline and not self.data_end.enabled:
+      return _runner.BlockingLoop()
+    return _runner.PollingLoop(
+        _data_end.take_counts(self.routes.aggregated),
+        replicas_to_aggregate=self.o.replicas_to_aggregate,
+        data_end=self.data_end if self.data_end.enabled else None,
+        min_replicas=self.o.min_replicas_to_aggregate,
+        secs=self.o.aggregation_deadline_secs,
+        num_required=self.num_required if self.o.has_deadline else None)
 
   def gradient_routes(self, grads_and_vars):
     """Every gradient's accumulator, its push and its take."""
@@ -465,6 +546,9 @@ class _Build:
 
   def token_queues(self):
     self.tokens.create(self.global_step, scope=self.scope)
+    self.data_end.build(device=self.global_step.device, scope=self.scope,
+                        token_queue=self.tokens.token_queue,
+                        local_step=self.local_step)
 
   def worker_train_op(self):
     """Push, then wait for a token and store it: the worker's barrier."""
@@ -487,19 +571,38 @@ class _Build:
     # is done, so a token always carries the new step.
     with tf.control_dependencies([averages.before_tokens(self.update_op)]):
       released = self.tokens.release(self.global_step,
-                                     encode=self.generations.encode)
+                                     encode=self._release_encoding())
     self.sync_op = averages.after_tokens(released)
     self.timeline.chief(_timeline.gradient_tensors(self.routes.aggregated),
                         self.update_op, self.sync_op, self.global_step)
 
+  def _release_encoding(self):
+    """What the chief's release applies to the tokens it enqueues.
+
+    The generation's offset; with a data_end policy and stock's shared
+    queue, first the cut to the workers not done. Only where the tokens
+    already pass through our scope (int64 steps): int32 steps enqueue
+    stock's fill itself, and keep its count.
+    """
+    if (not self.data_end.enabled or self.o.one_gradient_per_worker
+        or not self.generations.enabled):
+      return self.generations.encode
+    def encode(steps):
+      with tf.compat.v1.name_scope(self.scope):
+        steps = self.data_end.release_steps(steps)
+      return self.generations.encode(steps)
+    return encode
+
   def chief_runner(self):
     """The status ops, the statistics' last part, and the chief's runner."""
+    self.loop = self.chief_loop()
     self.status = _status.build(
         self.routes.accumulators, self.tokens.queues,
         replicas_to_aggregate=self.o.replicas_to_aggregate,
         token_device=self.global_step.device, scope=self.scope,
         starts=self.generations.starts)
-    self.stats.finish(self.status)
+    self.stats.finish(self.status, workers_done=(
+        self.data_end.done_count if self.data_end.enabled else None))
     runner_op = self.stats.count_update(self.sync_op,
                                         by_deadline=self.loop.by_deadline)
     # Stock's QueueRunner(token_queue, [sync_op]), made to stop promptly.

@@ -70,7 +70,8 @@ def test_the_listener_adds_no_op_and_refuses_what_it_cannot_pause():
     with pytest.raises(ValueError, match=r"timeout_secs must be a number of "
                                          r"seconds > 0, got"):
       model.opt.make_checkpoint_saver_listener(timeout_secs=bad)
-  stock_loop = TwoPsCounters("", prompt_stop=False)
+  stock_loop = TwoPsCounters("", prompt_stop=False,
+                             data_end="stock")
   with pytest.raises(ValueError, match=r"prompt_stop=False .* Build it with "
                                        r"prompt_stop=True"):
     stock_loop.opt.make_checkpoint_saver_listener()

@@ -116,7 +116,8 @@ def test_chief_failure_in_user_code_stops_everyone_promptly():
 def test_stock_behaviour_waits_for_the_grace_period(impl_name):
   cls, kwargs = {"stock": (support.STOCK, None),
                  "ours_prompt_stop_off": (support.OURS,
-                                          {"prompt_stop": False})}[impl_name]
+                                          {"prompt_stop": False,
+                                           "data_end": "stock"})}[impl_name]
   # The chief alone: after its last update nothing pushes, so stock's runner
   # is surely inside take_grad when the chief stops. (With other workers
   # still pushing, a late push may free it first: a timing race, which made
