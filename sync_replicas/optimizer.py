@@ -204,7 +204,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
             q.queue_ref.op.get_attr("shared_name").decode()
             for q in state.tokens.worker_queues],
         local_step=state.local_step,
-        generations_shared_name=state.generations.shared_name)
+        generations_shared_name=state.generations.shared_name,
+        done_workers_shared_name=(self._data_end.shared_name
+                                  if self._data_end.enabled else None))
 
   def write_sync_manifest(self, path):
     """Writes ``sync_manifest()`` as JSON for ``sync-replicas-status``.

@@ -10,7 +10,8 @@ update took adds 1 to its worker's cell. So the cells count, from the
 updates themselves, which workers' batches were trained.
 """
 
-import threading
+import contextlib
+import io
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ import tensorflow as tf
 import support
 import sync_replicas
 from sync_replicas import _data_end
+from sync_replicas import _timeline_writer
+from sync_replicas.cli import status as status_tool
 
 #: Bound on a whole job of a few dozen steps on a loaded machine.
 JOB_SECS = 120
@@ -28,7 +31,8 @@ class ShardWorker:
   """Worker ``task`` trains on ``batches`` batches, then its input ends."""
 
   def __init__(self, cluster, task, *, workers, batches, replicas=None,
-               cls=support.OURS, last_step=None, **opt_kwargs):
+               cls=support.OURS, last_step=None, averages=False,
+               **opt_kwargs):
     self.task = task
     self.is_chief = task == 0
     self.target = cluster.worker_targets[task]
@@ -52,6 +56,10 @@ class ShardWorker:
         row = tf.IndexedSlices(tf.reshape(1.0 + 0.0 * x, [1, 1]),
                                tf.constant([task]), tf.constant([workers, 1]))
         opt_kwargs.setdefault("sparse_reduction", "sum")
+        if averages:
+          opt_kwargs.update(
+              variable_averages=tf.train.ExponentialMovingAverage(0.5),
+              variables_to_average=[self.w])
         self.opt = cls(tf.compat.v1.train.GradientDescentOptimizer(-1.0),
                        replicas_to_aggregate=replicas or workers,
                        total_num_replicas=workers, **opt_kwargs)
@@ -129,8 +137,9 @@ def test_every_process_ends_and_every_batch_after_the_start_is_trained(
     ((8, 3, 8), dict(replicas=2), False),
     ((8, 3, 8), dict(min_replicas_to_aggregate=2,
                      aggregation_deadline_secs=30.0), True),
+    ((8, 3, 8), dict(averages=True), True),
 ], ids=["one_gradient_per_worker", "fused_statistics", "multi_batch",
-        "backups", "deadline"])
+        "backups", "deadline", "variable_averages"])
 def test_every_process_ends_with_other_options(shards, kwargs, exact):
   """Backups drop their slowest gradients by design: there only every
   process ending is checked."""
@@ -300,3 +309,56 @@ def test_statistics_count_the_workers_done():
       cluster.worker_targets[0], config=support.session_config()) as sess:
     done = sess.run(chief.opt.statistics_tensors["chief/workers_done"])
   assert done == 3
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["input_ends", "crash"])
+def test_a_worker_that_crashes_is_not_done(crash):
+  """MonitoredSession calls the hooks' end() only on a normal end: a run
+  that fails otherwise leaves the worker not done, for recovery."""
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  job = ShardWorker(cluster, 0, workers=1, batches=3, statistics=True,
+                    statistics_log_steps=None)
+  with pytest.raises(RuntimeError, match="crash") if crash else (
+      contextlib.nullcontext()):
+    with job.graph.as_default(), support.monitored_session(
+        job.target, is_chief=True, hooks=job.hooks) as sess:
+      while not sess.should_stop():
+        sess.run(job.train_op)
+        job.runs += 1
+        if crash and job.runs == 2:
+          raise RuntimeError("crash")
+  with job.graph.as_default(), tf.compat.v1.Session(
+      job.target, config=support.session_config()) as sess:
+    done = sess.run(job.opt.statistics_tensors["chief/workers_done"])
+  assert done == (0 if crash else 1)
+
+
+def test_the_timeline_records_a_job_that_ends_with_its_data(tmp_path):
+  step, trained, runs = _run((6, 2, 6), timeline_dir=str(tmp_path))
+  _timeline_writer.close_all()
+  assert runs == [6, 2, 6]
+  np.testing.assert_array_equal(trained, [6, 2, 6])
+
+  def records(name):
+    return (tmp_path / name).read_text().splitlines()
+
+  # One record per train step that returned (the run the input ended in
+  # trained nothing), and one per update the chief applied.
+  assert [len(records("worker-%d.worker.jsonl" % t)) for t in range(3)] == (
+      runs)
+  assert len(records("worker-0.chief.jsonl")) == step
+
+
+def test_the_status_tool_says_which_workers_are_done(tmp_path):
+  kept = []
+  _run((4, 2, 4), kept=kept)
+  cluster, jobs = kept
+  path = jobs[0].opt.write_sync_manifest(str(tmp_path))
+  out = io.StringIO()
+  code = status_tool.main(
+      ["--manifest", path, "--ps", cluster.cluster_spec.job_tasks("ps")[0]],
+      out=out)
+  text = out.getvalue()
+  assert code == 0, text
+  assert ("data end: 3 of 3 workers done, their input ended (keys 0, 1, 2)"
+          in text), text
