@@ -12,6 +12,7 @@ updates themselves, which workers' batches were trained.
 
 import contextlib
 import io
+import logging
 
 import numpy as np
 import pytest
@@ -362,3 +363,39 @@ def test_the_status_tool_says_which_workers_are_done(tmp_path):
   assert code == 0, text
   assert ("data end: 3 of 3 workers done, their input ended (keys 0, 1, 2)"
           in text), text
+
+
+def test_the_stall_line_names_the_workers_done(caplog):
+  """Worker 2's input ends, worker 1 stops pushing without ending (as a
+  crashed worker would): the update waits for it, and the stall line says
+  that only worker 2 is done."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+          for t, n in enumerate((5, 5, 1))]
+  sessions = []
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  try:
+    for job in jobs:
+      with job.graph.as_default():
+        sessions.append(support.monitored_session(
+            job.target, is_chief=job.is_chief, hooks=job.hooks))
+    support.run_concurrently([(s.run, j.train_op)
+                              for s, j in zip(sessions, jobs)])
+    with pytest.raises(tf.errors.OutOfRangeError):
+      sessions[2].run(jobs[2].train_op)
+    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                  name="chief-step")
+    chief.start()
+    support.wait_until(
+        lambda: any("1 of 3 workers done, their input ended (keys 2)" in
+                    r.getMessage() for r in caplog.records),
+        timeout=30, what="a stall line naming worker 2 done")
+    line = [r.getMessage() for r in caplog.records
+            if "no update for" in r.getMessage()][-1]
+    assert "w 1/2" in line, line  # min(R=3, 3 - 1 done) = 2 needed.
+    sessions[1].run(jobs[1].train_op)  # Worker 1 is back: the update lands.
+    chief.finish(timeout=30)
+  finally:
+    for sess in reversed(sessions[:2]):
+      sess.close()
