@@ -121,12 +121,15 @@ class NoDataEnd:
 
   policy = STOCK
   enabled = False
+  #: No record on the ps: nothing for a status reader.
+  shared_name = None
 
   def build(self, *, device, scope, token_queue, local_step):
     del device, scope, token_queue, local_step
 
-  def release_steps(self, steps):
-    return steps
+  def encoding(self, generations, *, scope, initial=False):
+    del scope, initial
+    return generations.encode
 
 
 class DataEnd:
@@ -141,13 +144,17 @@ class DataEnd:
     total_num_replicas: Workers in the job.
     tokens_per_step: Tokens a full update releases.
     shared_prefix: What the optimizer's shared names start with.
+    shared_tokens: Every worker takes from ``sync_token_q`` (not
+      ``one_gradient_per_worker``'s own queues): only then are the tokens
+      cut.
   """
 
   enabled = True
 
   def __init__(self, policy, *, replicas_to_aggregate, total_num_replicas,
-               tokens_per_step, shared_prefix):
+               tokens_per_step, shared_prefix, shared_tokens=True):
     self.policy = policy
+    self.shared_tokens = shared_tokens
     self.replicas_to_aggregate = replicas_to_aggregate
     self.total_num_replicas = total_num_replicas
     self.tokens_per_step = tokens_per_step
@@ -186,6 +193,25 @@ class DataEnd:
     """Gradients the next update needs with ``done`` workers done."""
     return max(0, min(self.replicas_to_aggregate,
                       self.tokens_per_step - done))
+
+  def encoding(self, generations, *, scope, initial=False):
+    """What the chief applies to the tokens it enqueues: the cut to the
+    rights to push the workers lack (``initial_steps`` for the initial
+    fill, else ``release_steps``), then the generation's offset.
+
+    Only with stock's shared queue, and only where the tokens already pass
+    through our scope (int64 steps): int32 steps enqueue stock's fill
+    itself and keep its count. ``scope`` is our name scope.
+    """
+    if not self.shared_tokens or not generations.enabled:
+      return generations.encode
+
+    def encode(steps):
+      with tf.compat.v1.name_scope(scope):
+        steps = (self.initial_steps(steps, starts=generations.starts)
+                 if initial else self.release_steps(steps))
+      return generations.encode(steps)
+    return encode
 
   def release_steps(self, steps):
     """``steps`` (the tokens an update releases) cut to the workers left.
@@ -303,6 +329,37 @@ class DataEnd:
     return False
 
 
+def read_done(sess, ends):
+  """The keys of the workers whose input ended; None without a ``data_end``
+  policy (``ends`` None) or when the record cannot be read."""
+  if ends is None:
+    return None
+  try:
+    keys, _ = sess.run(ends.done_keys)
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("reading the workers done failed: %s", e)
+    return None
+  return sorted(int(k) for k in keys)
+
+
+def stall_part(sess, ends, replicas_to_aggregate):
+  """The stall line's data-end part: ``(gradients the update needs, text)``,
+  the text empty without a ``data_end`` policy (``ends`` None) or a record
+  that cannot be read."""
+  done = read_done(sess, ends)
+  if done is None:
+    return replicas_to_aggregate, ""
+  return ends.need(len(done)), "; " + done_clause(
+      done, total_num_replicas=ends.total_num_replicas)
+
+
+def log_stop_together(*, step, dropped):
+  _LOG.info("sync_replicas: a worker's data ended (data_end="
+            "\"stop_together\"): every worker stops at global step %d; "
+            "%d gradient(s) per variable pushed for the next update are "
+            "dropped", step, dropped)
+
+
 def done_clause(keys, *, total_num_replicas):
   """The stall line's part on the workers done (``keys`` from the record).
 
@@ -315,6 +372,65 @@ def done_clause(keys, *, total_num_replicas):
       len(keys), total_num_replicas, ", ".join(str(k) for k in keys))
 
 
+class AnnouncesDataEnd:
+  """``SyncReplicasOptimizer``'s ``announce_data_end``, kept with the rest
+  of the data end. Reads the optimizer's ``_data_end`` (a ``DataEnd`` or
+  ``NoDataEnd``) and its public accessors."""
+
+  def announce_data_end(self, sess, *, is_chief=None, batches=None,
+                        should_stop=None):
+    """Not in stock: tells the job that this worker's input has ended.
+
+    The session hook calls it by itself when a run of a MonitoredSession
+    (or an Estimator) ends on OutOfRangeError or StopIteration. A
+    Supervisor loop runs no hooks: call it once when the input ends (a
+    closed input queue raising OutOfRangeError), before ``sv.stop()``::
+
+      try:
+        while not sv.should_stop():
+          sess.run(train_op)
+      except tf.errors.OutOfRangeError:
+        opt.announce_data_end(sess)  # sync_replicas: this worker is done
+
+    With ``data_end="train_all"`` the updates then need one gradient less
+    (down to ``replicas_to_aggregate`` with backups), and on the chief it
+    returns only once every worker is done (or nothing moved for
+    ``stall_timeout_secs``, 600 s without it; logged), its sync loop
+    running meanwhile. With ``"stop_together"`` every worker stops at once.
+    With ``"stock"`` it does nothing. Logs one line either way.
+
+    Args:
+      sess: A session on this worker's target (the Supervisor's, a
+        MonitoredSession's raw one).
+      is_chief: Whether this is the chief; None: whether this process runs
+        the optimizer's sync loop.
+      batches: This worker's train steps, for the log line; None: unknown.
+      should_stop: A callable; the chief's wait ends when it returns True.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    global_step = self.global_step  # NotBuiltError before the build.
+    ends = self._data_end  # pylint: disable=no-member
+    if not ends.enabled:
+      return
+    done = ends.announce(sess, batches=batches)
+    if done is None:
+      return
+    if is_chief is None:
+      is_chief = self.get_chief_queue_runner().serving
+    ends.log_done(batches=batches, done=done, is_chief=is_chief)
+    if (not is_chief or ends.policy != TRAIN_ALL
+        or ends.all_done(done)):
+      return
+    o = self.options
+    ends.wait_for_the_others(
+        sess, global_step=global_step,
+        should_stop=should_stop or (lambda: False),
+        no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
+        log_secs=o.stall_log_secs)
+
+
 def make(options, *, shared_prefix):
   """The data-end policy ``options`` (an ``_options.Options``) ask for."""
   if options.data_end == STOCK:
@@ -323,7 +439,8 @@ def make(options, *, shared_prefix):
                  replicas_to_aggregate=options.replicas_to_aggregate,
                  total_num_replicas=options.total_num_replicas,
                  tokens_per_step=options.tokens_per_step,
-                 shared_prefix=shared_prefix)
+                 shared_prefix=shared_prefix,
+                 shared_tokens=not options.one_gradient_per_worker)
 
 
 def take_counts(aggregated):

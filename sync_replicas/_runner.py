@@ -388,9 +388,11 @@ class PollingLoop:
   def run_local(self, runner, sess, coord):
     self._poll(runner, sess, coord)
 
-  def _poll(self, runner, sess, coord):
-    ends = self.data_end
-    extra = [ends.done_count] if ends is not None else []
+  def _callables(self, runner, sess, coord):
+    """``(read, update)``: one poll's read (the global step, the workers
+    done with a ``data_end`` policy, the counts), and the run of one update
+    of a given count."""
+    extra = [self.data_end.done_count] if self.data_end is not None else []
     counts = list(runner.status.num_accumulated)
     if self.secs is None:
       # One accumulator says when the update can go: every gradient in it
@@ -404,7 +406,8 @@ class PollingLoop:
     # Stock's own counts unless fewer are needed: no feed on a full update.
     run_full = runner.sync_callable(sess)
     run_fed = runner.sync_callable(sess, feed_list=self.feeds)
-    feeds = len(self.feeds)
+    # No quiet sleep with a deadline: it would move the deadline's polls.
+    quiet = QuietStart(clock=runner.clock) if self.secs is None else None
 
     def update(count):
       if quiet is not None:
@@ -412,12 +415,14 @@ class PollingLoop:
       if count == self._full and self.secs is None:
         runner.updates.run(coord, run_full)
       else:
-        runner.updates.run(coord, run_fed, *[count] * feeds)
+        runner.updates.run(coord, run_fed, *[count] * len(self.feeds))
       if quiet is not None:
         coord.wait_for_stop(quiet.updated())
+    return read, update
 
-    # No quiet sleep with a deadline: it would move the deadline's polls.
-    quiet = QuietStart(clock=runner.clock) if self.secs is None else None
+  def _poll(self, runner, sess, coord):
+    ends = self.data_end
+    read, update = self._callables(runner, sess, coord)
     last_update = runner.clock()
     while not coord.should_stop():
       step, *counts = read()
@@ -451,6 +456,47 @@ class PollingLoop:
         coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
       last_update = runner.clock()
+
+
+def _read_local_steps(sess, local_step, reader):
+  """Every replica's local step, for the stall line; () if unknowable.
+
+  Against a remote master, each replica task's (``reader``, a
+  ``_diagnose.LocalStepReader``: a fresh session per read, bounded); in
+  process, this chief's own (``local_step``). Only on a stall report.
+  """
+  if local_step is None:
+    return ()
+  spec = reader.spec
+  try:
+    devices = []
+    if sess.sess_str:
+      devices = _diagnose.replica_devices(
+          [d.name for d in sess.list_devices()], spec.device)
+    if not devices:
+      return [_diagnose.LocalStep(spec.device or "this replica",
+                                  int(sess.run(local_step)), None)]
+    return reader.read(sess.sess_str, devices,
+                       config=_compat.session_config(sess))
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("reading the replicas' local steps failed: %s", e)
+    return ()
+
+
+def _stall_error(waited, timeout_secs, what, *, replicas_to_aggregate):
+  """The ``SyncStallError`` a stall past ``stall_timeout_secs`` stops with,
+  as the ``exc_info`` tuple ``Coordinator.request_stop`` takes outside an
+  ``except`` block (raised once, so that it carries a traceback)."""
+  try:
+    raise errors.SyncStallError(
+        "No update for %.0f s (stall_timeout_secs=%s): %s. Fewer than "
+        "replicas_to_aggregate=%d workers are pushing fresh gradients; "
+        "restart the missing workers, add backups "
+        "(total_num_replicas > replicas_to_aggregate), or raise "
+        "stall_timeout_secs." % (waited, timeout_secs, what,
+                                 replicas_to_aggregate))
+  except errors.SyncStallError as e:
+    return type(e), e, e.__traceback__
 
 
 class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
@@ -503,16 +549,10 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       return bool(self._running)
 
   def end_with_the_data(self, coord, *, step, dropped):
-    """``data_end="stop_together"``: a worker's data ended; stop everyone.
-
-    Stops the coordinator; its closer then closes the token queue, so every
-    worker's wait for a token ends with OutOfRange, a normal end, at this
-    global step.
-    """
-    _LOG.info("sync_replicas: a worker's data ended (data_end="
-              "\"stop_together\"): every worker stops at global step %d; "
-              "%d gradient(s) per variable pushed for the next update are "
-              "dropped", step, dropped)
+    """``data_end="stop_together"``: stops the coordinator; its closer then
+    closes the token queue, even under the chief's run, and every worker
+    ends (OutOfRange, a normal end) at this global step."""
+    _data_end.log_stop_together(step=step, dropped=dropped)
     self._ended_with_the_data = True
     coord.request_stop()
 
@@ -667,13 +707,6 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # restarted (its accumulators unreadable on this session).
     # Asked first, so that every stop forgets the session's run state.
     state = self._forget_runs(sess)
-    if self._ended_with_the_data:
-      try:
-        sess.run(self._close_ops(), options=options)
-      except Exception as e:  # pylint: disable=broad-except
-        _LOG.debug("closing the token queue on stop: %s", e)
-      runner_sess.close()
-      return
     if _recovering(coord):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
@@ -685,7 +718,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                                 superseded=lambda: bool(self._run_states))
       return
     if (state is not None and state.in_run and not state.ended
-        and _requested_error(coord) is None):
+        and _requested_error(coord) is None
+        and not self._ended_with_the_data):
       # The stop carries no error, and every ps may be readable again: only
       # the hook can tell this from the end of training.
       _LOG.info("sync_replicas: the chief's session stops on an error in a "
@@ -734,66 +768,19 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
-      done = self._read_done(sess)
+      needed, done_clause = _data_end.stall_part(
+          sess, self._loop.data_end, self.replicas_to_aggregate)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=(
-              self.replicas_to_aggregate if done is None else
-              self._loop.data_end.need(len(done))),
+          replicas_to_aggregate=needed,
           global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=self._read_local_steps(sess))
-      if done is not None:
-        what += "; %s" % _data_end.done_clause(
-            done, total_num_replicas=self._loop.data_end.total_num_replicas)
+          local_steps=_read_local_steps(sess, self._local_step,
+                                        self._local_steps)) + done_clause
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
-        try:
-          raise errors.SyncStallError(
-              "No update for %.0f s (stall_timeout_secs=%s): %s. Fewer than "
-              "replicas_to_aggregate=%d workers are pushing fresh gradients; "
-              "restart the missing workers, add backups "
-              "(total_num_replicas > replicas_to_aggregate), or raise "
-              "stall_timeout_secs." % (waited, self._stall_timeout_secs, what,
-                                       self.replicas_to_aggregate))
-        except errors.SyncStallError as e:
-          self._report(coord, e)
+        self._report(coord, _stall_error(
+            waited, self._stall_timeout_secs, what,
+            replicas_to_aggregate=self.replicas_to_aggregate))
         return
       if self._stall_log_secs:
         _LOG.warning("sync_replicas: no update for %.0f s: %s", waited, what)
-
-  def _read_done(self, sess):
-    """The keys of the workers whose input ended, or None without a
-    ``data_end`` policy or when the record cannot be read."""
-    ends = self._loop.data_end
-    if ends is None:
-      return None
-    try:
-      keys, _ = sess.run(ends.done_keys)
-    except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("reading the workers done failed: %s", e)
-      return None
-    return sorted(int(k) for k in keys)
-
-  def _read_local_steps(self, sess):
-    """Every replica's local step, for the stall line; () if unknowable.
-
-    Against a remote master, each replica task's (a fresh session per
-    read, bounded); in process, this chief's own. Only on a stall report.
-    """
-    if self._local_step is None:
-      return ()
-    spec = self._local_steps.spec
-    try:
-      devices = []
-      if sess.sess_str:
-        devices = _diagnose.replica_devices(
-            [d.name for d in sess.list_devices()], spec.device)
-      if not devices:
-        return [_diagnose.LocalStep(spec.device or "this replica",
-                                    int(sess.run(self._local_step)), None)]
-      return self._local_steps.read(
-          sess.sess_str, devices,
-          config=_compat.session_config(sess))
-    except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("reading the replicas' local steps failed: %s", e)
-      return ()

@@ -46,13 +46,13 @@ from sync_replicas import hook as hook_lib
 _LOG = logging.getLogger(__name__)
 
 
-class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
+class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
+                            _wrapped.WrappedOptimizer):
   """Class to synchronize, aggregate gradients and pass them to the optimizer.
 
-  A drop-in for ``tf.compat.v1.train.SyncReplicasOptimizer``: same
-  constructor, methods, attributes, graph names and numbers. Gradients from
-  replicas are averaged, not summed, so scale the learning rate as for a
-  larger batch.
+  A drop-in for ``tf.compat.v1.train.SyncReplicasOptimizer`` (its numbers
+  with ``data_end="stock"``). Gradients are averaged, not summed: scale the
+  learning rate as for a larger batch.
 
   Usage::
 
@@ -92,12 +92,11 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                pack_gradient_transfers: bool = True,
                averages_before_tokens: bool = False,
                combine_sparse_duplicates: bool = False,
-               sparse_reduction: str = "row_mean",
+               sparse_reduction: str = "row_mean", data_end: str = "train_all",
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
-               aggregation_deadline_secs: "float | None" = None,
-               data_end: str = _data_end.TRAIN_ALL):
+               aggregation_deadline_secs: "float | None" = None):
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -113,9 +112,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       variables_to_average: The variables to average.
       use_locking: Passed to the base Optimizer (unused, as in stock).
       name: The name scope of the accumulator ops.
-      **options: Not in stock, keyword-only, each documented in
-        ``sync_replicas._options.Options`` (``self.options``) and
-        docs/options.md. Their defaults build stock's protocol.
+      **options: Not in stock, keyword-only; each is documented in
+        ``sync_replicas._options.Options`` and docs/options.md.
 
     Raises:
       ValueError: For a bad replica count, a ``variable_averages`` without
@@ -134,10 +132,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     self._opt = opt  # Stock's name: TensorFlow's own tests read it.
     self._set_replica_counts(r, t)
     self._options = _options.make(r, t, **extras)
-    self._tokens = _tokens.policy(self._options, shared_prefix=(
-        _tokens.shared_prefix(name)))
-    self._data_end = _data_end.make(self._options, shared_prefix=(
-        _tokens.shared_prefix(name)))
+    prefix = _tokens.shared_prefix(name)
+    self._tokens = _tokens.policy(self._options, shared_prefix=prefix)
+    self._data_end = _data_end.make(self._options, shared_prefix=prefix)
     self._state = self._chief_queue_runner = None  # Set by apply_gradients.
 
   # ---------------------------------------------------------------- accessors
@@ -200,13 +197,10 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         total_num_replicas=self.total_num_replicas,
         tokens_per_step=self.tokens_per_step,
         token_queue_shared_name=state.tokens.shared_name,
-        worker_token_queue_shared_names=[
-            q.queue_ref.op.get_attr("shared_name").decode()
-            for q in state.tokens.worker_queues],
+        worker_token_queue_shared_names=state.tokens.worker_shared_names,
         local_step=state.local_step,
         generations_shared_name=state.generations.shared_name,
-        done_workers_shared_name=(self._data_end.shared_name
-                                  if self._data_end.enabled else None))
+        done_workers_shared_name=self._data_end.shared_name)
 
   def write_sync_manifest(self, path):
     """Writes ``sync_manifest()`` as JSON for ``sync-replicas-status``.
@@ -312,7 +306,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
 
     Args:
       num_tokens: Number of tokens to add to the queue; -1 adds
-        ``replicas_to_aggregate``.
+        ``replicas_to_aggregate`` (with ``data_end="train_all"``, on the
+        job's first start only those the workers lack: docs/data_end.md).
 
     Returns:
       An op for the chief/sync replica to fill the token queue.
@@ -325,22 +320,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     self._require_built(
         "get_init_tokens_op() should be called after apply_gradients().")
     count = self.check_num_tokens(num_tokens)
-    state = self._state
-    # Every way of starting the protocol runs this op, not always
-    # chief_init_op (a Supervisor's default local init skips it): the
-    # cluster counters start here too, before any token exists.
-    encode = state.generations.encode
-    if (num_tokens == -1 and self._data_end.enabled
-        and not self.options.one_gradient_per_worker
-        and state.generations.enabled):
-      # Where the tokens already pass through our scope (int64 steps).
-      def encode(steps, ends=self._data_end, generations=state.generations):
-        with tf.compat.v1.name_scope(state.scope):
-          steps = ends.initial_steps(steps, starts=generations.starts)
-        return generations.encode(steps)
-    fill = state.tokens.initial_fill(
-        state.global_step, count, encode=encode, after=state.stats.init_ops)
-    return fill if fill is not None else tf.no_op(name="no_init_tokens")
+    return _init_tokens_op(self._state, self._data_end, count,
+                           default=num_tokens == -1)
 
   def make_checkpoint_saver_listener(
       self, timeout_secs=_saves.DEFAULT_TIMEOUT_SECS):
@@ -353,59 +334,6 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     runner = self.get_chief_queue_runner()  # Raises before the build.
     return _saves.SavePauseListener(runner.updates, timeout_secs)
 
-  def announce_data_end(self, sess, *, is_chief=None, batches=None,
-                        should_stop=None):
-    """Not in stock: tells the job that this worker's input has ended.
-
-    The session hook calls it by itself when a run of a MonitoredSession
-    (or an Estimator) ends on OutOfRangeError or StopIteration. A
-    Supervisor loop runs no hooks: call it once when the input ends (a
-    closed input queue raising OutOfRangeError), before ``sv.stop()``::
-
-      try:
-        while not sv.should_stop():
-          sess.run(train_op)
-      except tf.errors.OutOfRangeError:
-        opt.announce_data_end(sess)  # sync_replicas: this worker is done
-
-    With ``data_end="train_all"`` the updates then need one gradient less
-    (down to ``replicas_to_aggregate`` with backups), and on the chief it
-    returns only once every worker is done (or nothing moved for
-    ``stall_timeout_secs``, 600 s without it; logged), its sync loop
-    running meanwhile. With ``"stop_together"`` every worker stops at once.
-    With ``"stock"`` it does nothing. Logs one line either way.
-
-    Args:
-      sess: A session on this worker's target (the Supervisor's, a
-        MonitoredSession's raw one).
-      is_chief: Whether this is the chief; None: whether this process runs
-        the optimizer's sync loop.
-      batches: This worker's train steps, for the log line; None: unknown.
-      should_stop: A callable; the chief's wait ends when it returns True.
-
-    Raises:
-      NotBuiltError: Before ``apply_gradients``.
-    """
-    state = self._built("announce_data_end", self._state)
-    ends = self._data_end
-    if not ends.enabled:
-      return
-    done = ends.announce(sess, batches=batches)
-    if done is None:
-      return
-    if is_chief is None:
-      is_chief = self._chief_queue_runner.serving
-    ends.log_done(batches=batches, done=done, is_chief=is_chief)
-    if (not is_chief or ends.policy != _data_end.TRAIN_ALL
-        or ends.all_done(done)):
-      return
-    o = self.options
-    ends.wait_for_the_others(
-        sess, global_step=state.global_step,
-        should_stop=should_stop or (lambda: False),
-        no_progress_secs=o.stall_timeout_secs or _data_end.NO_PROGRESS_SECS,
-        log_secs=o.stall_log_secs)
-
   def make_session_run_hook(self, is_chief, num_tokens=-1):
     """Creates a hook to handle SyncReplicasHook ops such as initialization.
 
@@ -413,6 +341,19 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     ``begin()``. A chief's ``num_tokens`` is validated here already.
     """
     return hook_lib.SyncReplicasOptimizerHook(self, is_chief, num_tokens)
+
+
+def _init_tokens_op(state, data_end, count, *, default):
+  """``get_init_tokens_op``'s op: ``count`` tokens (cut by ``data_end`` on
+  the first start when the count is the ``default``), or a no-op."""
+  # Every way of starting the protocol runs this op, not always
+  # chief_init_op (a Supervisor's default local init skips it): the
+  # cluster counters start here too, before any token exists.
+  encode = data_end.encoding(state.generations, scope=state.scope,
+                             initial=default)
+  fill = state.tokens.initial_fill(
+      state.global_step, count, encode=encode, after=state.stats.init_ops)
+  return fill if fill is not None else tf.no_op(name="no_init_tokens")
 
 
 def _validate(opt, grads_and_vars, global_step):
@@ -573,27 +514,11 @@ class _Build:
     # is done, so a token always carries the new step.
     with tf.control_dependencies([averages.before_tokens(self.update_op)]):
       released = self.tokens.release(self.global_step,
-                                     encode=self._release_encoding())
+                                     encode=self.data_end.encoding(
+                                         self.generations, scope=self.scope))
     self.sync_op = averages.after_tokens(released)
     self.timeline.chief(_timeline.gradient_tensors(self.routes.aggregated),
                         self.update_op, self.sync_op, self.global_step)
-
-  def _release_encoding(self):
-    """What the chief's release applies to the tokens it enqueues.
-
-    The generation's offset; with a data_end policy and stock's shared
-    queue, first the cut to the workers not done. Only where the tokens
-    already pass through our scope (int64 steps): int32 steps enqueue
-    stock's fill itself, and keep its count.
-    """
-    if (not self.data_end.enabled or self.o.one_gradient_per_worker
-        or not self.generations.enabled):
-      return self.generations.encode
-    def encode(steps):
-      with tf.compat.v1.name_scope(self.scope):
-        steps = self.data_end.release_steps(steps)
-      return self.generations.encode(steps)
-    return encode
 
   def chief_runner(self):
     """The status ops, the statistics' last part, and the chief's runner."""
