@@ -32,14 +32,15 @@ FILE_NAME = "sync_manifest.json"
 # in manifest order; starts: the generations queue's length, or None for a
 # manifest that does not name it.
 ReadOps = collections.namedtuple(
-    "ReadOps", ["global_step", "tokens", "num_accumulated", "starts"])
+    "ReadOps", ["global_step", "tokens", "num_accumulated", "starts",
+                "done_workers"], defaults=[None])
 
 
 def build(*, accumulators, global_step, replicas_to_aggregate,
           total_num_replicas, tokens_per_step,
           token_queue_shared_name=_tokens.TOKEN_QUEUE_NAME,
           worker_token_queue_shared_names=(), local_step=None,
-          generations_shared_name=None):
+          generations_shared_name=None, done_workers_shared_name=None):
   """A manifest (a JSON-serializable dict).
 
   Args:
@@ -55,6 +56,8 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
       replica's by its name, on each replica task (``_diagnose``).
     generations_shared_name: The restart generations' queue (its length
       says how many times ``chief_init_op`` ran on the ps).
+    done_workers_shared_name: With a ``data_end`` policy, the table of the
+      workers whose input ended (``_data_end``); None without one.
 
   Returns:
     The manifest.
@@ -79,6 +82,7 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
                      else dict(_diagnose.local_step_spec(local_step)._asdict())),
       "generations_queue": generations_shared_name,
       "network_namespace": _network_namespace(),
+      "done_workers": done_workers_shared_name,
   }
 
 
@@ -262,7 +266,16 @@ def read_ops(manifest):
       starts = tf.queue.FIFOQueue(
           -1, tf.int32, shapes=(),
           shared_name=manifest["generations_queue"]).size()
-  return ReadOps(step, tokens, counts, starts)
+  done = None
+  if manifest.get("done_workers"):
+    with tf.compat.v1.device(q["device"]):
+      # The job's own table (same name and types), read by exporting it.
+      table = tf.raw_ops.MutableHashTableV2(
+          shared_name=manifest["done_workers"], use_node_name_sharing=False,
+          key_dtype=tf.int64, value_dtype=tf.int64)
+      done = tf.raw_ops.LookupTableExportV2(
+          table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64)[0]
+  return ReadOps(step, tokens, counts, starts, done)
 
 
 def jobs(manifest):

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from sync_replicas import _checks
 from sync_replicas import _rewired_reads
+from sync_replicas import _data_end
 from sync_replicas import _timeline
 from sync_replicas import _tokens
 
@@ -119,6 +120,16 @@ class Options:
       per variable. False: the model's graph is left as it is. The
       constructor's None (default) reads the environment variable
       ``SYNC_REPLICAS_PACK_VARIABLE_READS`` (1 or 0; unset: False).
+    data_end: Not in stock. What happens when a worker's input ends
+      (its one-pass input raises OutOfRange, which ends its MonitoredSession
+      normally; a Supervisor loop calls ``announce_data_end``):
+      ``"train_all"`` (default): the worker says it is done, later updates
+      need only ``min(replicas_to_aggregate, workers not done)`` gradients,
+      and a chief whose data ended keeps running updates until every worker
+      is done; ``"stop_together"``: every worker stops at once, at the same
+      global step; ``"stock"``: stock's behaviour (the others wait for the
+      gone worker's gradient). See docs/data_end.md. Needs
+      ``prompt_stop=True`` unless ``"stock"``.
   """
 
   replicas_to_aggregate: int
@@ -141,6 +152,7 @@ class Options:
   aggregation_deadline_secs: Optional[float] = None
   timeline_dir: Optional[str] = None
   pack_variable_reads: bool = False
+  data_end: str = _data_end.TRAIN_ALL
 
   @property
   def tokens_per_step(self) -> int:
@@ -197,7 +209,8 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  prompt_stop, stall_log_secs, stall_timeout_secs,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
-                 timeline_dir, pack_variable_reads, **unchecked):
+                 timeline_dir, pack_variable_reads, data_end,
+                 **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -214,6 +227,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
   _checks.averages(variable_averages, variables_to_average)
   _timeline.directory_from(timeline_dir)
   _rewired_reads.enabled_from(pack_variable_reads)
+  _data_end.check(data_end, prompt_stop=prompt_stop)
 
 
 def make(r, t, **extras):

@@ -55,6 +55,7 @@ import time
 import tensorflow as tf
 
 from sync_replicas import _compat
+from sync_replicas import _data_end
 from sync_replicas import _diagnose
 from sync_replicas import _saves
 from sync_replicas import _timeline
@@ -305,6 +306,8 @@ class BlockingLoop:
   needs_coordinator = False
   #: Every update waits for replicas_to_aggregate: none is counted early.
   by_deadline = None
+  #: Workers that are done change nothing.
+  data_end = None
 
   def run_remote(self, runner, sess, coord, in_flight):
     if runner.updates.pauses_for_saves:
@@ -335,33 +338,48 @@ class BlockingLoop:
         coord.wait_for_stop(LOCAL_POLL_SECS)
 
 
-class DeadlineLoop:
-  """The loop with an aggregation deadline (see the module doc).
+class PollingLoop:
+  """The loop that never blocks in a take (see the module doc).
 
-  Polls the accumulators' counts instead of blocking in ``take_grad``, the
-  same way against a remote master and in process. Errors propagate to the
-  caller, which reports them unless stopping.
+  Polls the accumulators' counts (and the workers done, with a ``data_end``
+  policy) and runs the sync op only once every accumulator holds what the
+  update needs, feeding that count to every take; the same way against a
+  remote master and in process. Used with an aggregation deadline, with a
+  ``data_end`` policy, or both. Errors propagate to the caller, which
+  reports them unless stopping.
 
   Args:
-    num_required: The tensor every take waits for (a placeholder with
-      default ``replicas_to_aggregate``).
-    min_replicas: The fewest gradients an update after the deadline applies.
-    secs: The deadline, counted from the last update.
+    feeds: The tensors every take reads its count from (our
+      ``num_required`` placeholder with a deadline, else stock's constants).
+    replicas_to_aggregate: Gradients a full update averages.
+    data_end: A ``_data_end.DataEnd`` or None: an update then needs
+      ``data_end.need(done)``; once every worker is done what is left is
+      applied and the loop idles; with ``"stop_together"`` the first worker
+      done ends the job.
+    min_replicas: With a deadline, the fewest gradients an update after the
+      deadline applies.
+    secs: The deadline, counted from the last update; None: no deadline.
+    num_required: With a deadline, the placeholder of ``by_deadline``.
   """
 
-  #: Only a coordinator ends the polling loop.
-  needs_coordinator = True
-
-  def __init__(self, num_required, min_replicas, secs, *,
-               replicas_to_aggregate):
-    self.num_required = num_required
+  def __init__(self, feeds, *, replicas_to_aggregate, data_end=None,
+               min_replicas=None, secs=None, num_required=None):
+    self.feeds = list(feeds)
+    self.data_end = data_end
     self.min_replicas = min_replicas
     self.secs = secs
     self._full = replicas_to_aggregate
+    self._num_required = num_required
+    # Only a coordinator ends a deadline's loop. Without one (a plain
+    # Session script) a data_end loop gives way to stock's threads, whose
+    # takes read stock's constants.
+    self.needs_coordinator = secs is not None
+    # A function for the statistics' count of deadline updates, or None.
+    self.by_deadline = self._by_deadline if secs is not None else None
 
-  def by_deadline(self):
+  def _by_deadline(self):
     """A bool tensor: the deadline released this update (fewer were fed)."""
-    return tf.less(self.num_required, self._full)
+    return tf.less(self._num_required, self._full)
 
   def run_remote(self, runner, sess, coord, in_flight):
     del in_flight  # Its takes never wait: nothing is left pending.
@@ -370,29 +388,115 @@ class DeadlineLoop:
   def run_local(self, runner, sess, coord):
     self._poll(runner, sess, coord)
 
+  def _callables(self, runner, sess, coord):
+    """``(read, update)``: one poll's read (the global step, the workers
+    done with a ``data_end`` policy, the counts), and the run of one update
+    of a given count."""
+    extra = [self.data_end.done_count] if self.data_end is not None else []
+    counts = list(runner.status.num_accumulated)
+    if self.secs is None:
+      # One accumulator says when the update can go: every gradient in it
+      # came from a run that pushes into every accumulator, so the others
+      # get theirs (in flight at worst) and their takes wait only for
+      # those, as stock's do. A deadline needs every count (the fewest
+      # present is what it may apply). Reading them all on every poll cost
+      # the chief's loop about half its speed at 200 variables.
+      counts = counts[:1]
+    read = sess.make_callable([runner.global_step] + extra + counts)
+    # Stock's own counts unless fewer are needed: no feed on a full update.
+    run_full = runner.sync_callable(sess)
+    run_fed = runner.sync_callable(sess, feed_list=self.feeds)
+    # No quiet sleep with a deadline: it would move the deadline's polls.
+    quiet = QuietStart(clock=runner.clock) if self.secs is None else None
+
+    def update(count):
+      if quiet is not None:
+        quiet.ready()
+      if count == self._full and self.secs is None:
+        runner.updates.run(coord, run_full)
+      else:
+        runner.updates.run(coord, run_fed, *[count] * len(self.feeds))
+      if quiet is not None:
+        coord.wait_for_stop(quiet.updated())
+    return read, update
+
   def _poll(self, runner, sess, coord):
-    full = runner.replicas_to_aggregate
-    read = sess.make_callable([runner.global_step] +
-                              list(runner.status.num_accumulated))
-    run_sync = runner.sync_callable(sess, feed_list=[self.num_required])
+    ends = self.data_end
+    read, update = self._callables(runner, sess, coord)
     last_update = runner.clock()
     while not coord.should_stop():
       step, *counts = read()
+      done = counts.pop(0) if ends is not None else 0
       have = min(counts)
+      full = self._full if ends is None else ends.need(done)
       waited = runner.clock() - last_update
-      if have >= full:
-        runner.updates.run(coord, run_sync, full)
-      elif have >= self.min_replicas and waited >= self.secs:
+      deadline = self.secs is not None and waited >= self.secs
+      if done and ends.policy == _data_end.STOP_TOGETHER:
+        runner.end_with_the_data(coord, step=int(step), dropped=have)
+        return
+      if ends is not None and ends.all_done(done):
+        if have > 0:
+          _LOG.info("sync_replicas: every worker is done: the last update "
+                    "(to step %d) applies the %d gradients left", int(step) + 1,
+                    have)
+          update(have)
+          continue
+        coord.wait_for_stop(SESSION_CHECK_SECS)
+        continue
+      if full and have >= full:
+        update(full)
+      elif deadline and have >= min(self.min_replicas, full):
         _LOG.info(
             "sync_replicas: no full update for %.2f s "
             "(aggregation_deadline_secs=%s): update to step %d goes ahead "
             "with %d of replicas_to_aggregate=%d gradients", waited,
             self.secs, int(step) + 1, have, full)
-        runner.updates.run(coord, run_sync, have)
+        update(have)
       else:
         coord.wait_for_stop(LOCAL_POLL_SECS)
         continue
       last_update = runner.clock()
+
+
+def _read_local_steps(sess, local_step, reader):
+  """Every replica's local step, for the stall line; () if unknowable.
+
+  Against a remote master, each replica task's (``reader``, a
+  ``_diagnose.LocalStepReader``: a fresh session per read, bounded); in
+  process, this chief's own (``local_step``). Only on a stall report.
+  """
+  if local_step is None:
+    return ()
+  spec = reader.spec
+  try:
+    devices = []
+    if sess.sess_str:
+      devices = _diagnose.replica_devices(
+          [d.name for d in sess.list_devices()], spec.device)
+    if not devices:
+      return [_diagnose.LocalStep(spec.device or "this replica",
+                                  int(sess.run(local_step)), None)]
+    return reader.read(sess.sess_str, devices,
+                       config=_compat.session_config(sess))
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("reading the replicas' local steps failed: %s", e)
+    return ()
+
+
+def _stall_error(waited, timeout_secs, what, *, replicas_to_aggregate):
+  """The ``SyncStallError`` a stall past ``stall_timeout_secs`` stops with,
+  as the ``exc_info`` tuple ``Coordinator.request_stop`` takes outside an
+  ``except`` block (raised once, so that it carries a traceback)."""
+  try:
+    raise errors.SyncStallError(
+        "No update for %.0f s (stall_timeout_secs=%s): %s. Fewer than "
+        "replicas_to_aggregate=%d workers are pushing fresh gradients; "
+        "restart the missing workers, add backups "
+        "(total_num_replicas > replicas_to_aggregate), or raise "
+        "stall_timeout_secs." % (waited, timeout_secs, what,
+                                 replicas_to_aggregate))
+  except errors.SyncStallError as e:
+    return type(e), e, e.__traceback__
 
 
 class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
@@ -412,7 +516,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
     self._extra_close_op = extra_close_op
-    # How the chief's thread runs the sync op: BlockingLoop or DeadlineLoop.
+    # How the chief's thread runs the sync op: BlockingLoop or PollingLoop.
     self._loop = loop if loop is not None else BlockingLoop()
     self.sync_op = sync_op
     self._timeline = timeline
@@ -434,6 +538,23 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # Held while an update is applied, and by a checkpoint save once a
     # checkpoint listener exists: no save sees half an update.
     self.updates = _saves.UpdateLock(prompt_stop=prompt_stop)
+    # Set when data_end="stop_together" ended the job: the stop closes the
+    # token queue even while the chief's own run waits for a token.
+    self._ended_with_the_data = False
+
+  @property
+  def serving(self):
+    """True while a sync loop of this runner runs (in the chief's process)."""
+    with self._guard:
+      return bool(self._running)
+
+  def end_with_the_data(self, coord, *, step, dropped):
+    """``data_end="stop_together"``: stops the coordinator; its closer then
+    closes the token queue, even under the chief's run, and every worker
+    ends (OutOfRange, a normal end) at this global step."""
+    _data_end.log_stop_together(step=step, dropped=dropped)
+    self._ended_with_the_data = True
+    coord.request_stop()
 
   @property
   def prompt_stop(self):
@@ -597,7 +718,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                                 superseded=lambda: bool(self._run_states))
       return
     if (state is not None and state.in_run and not state.ended
-        and _requested_error(coord) is None):
+        and _requested_error(coord) is None
+        and not self._ended_with_the_data):
       # The stop carries no error, and every ps may be readable again: only
       # the hook can tell this from the end of training.
       _LOG.info("sync_replicas: the chief's session stops on an error in a "
@@ -646,47 +768,19 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
+      needed, done_clause = _data_end.stall_part(
+          sess, self._loop.data_end, self.replicas_to_aggregate)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=self.replicas_to_aggregate,
+          replicas_to_aggregate=needed,
           global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=self._read_local_steps(sess))
+          local_steps=_read_local_steps(sess, self._local_step,
+                                        self._local_steps)) + done_clause
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
-        try:
-          raise errors.SyncStallError(
-              "No update for %.0f s (stall_timeout_secs=%s): %s. Fewer than "
-              "replicas_to_aggregate=%d workers are pushing fresh gradients; "
-              "restart the missing workers, add backups "
-              "(total_num_replicas > replicas_to_aggregate), or raise "
-              "stall_timeout_secs." % (waited, self._stall_timeout_secs, what,
-                                       self.replicas_to_aggregate))
-        except errors.SyncStallError as e:
-          self._report(coord, e)
+        self._report(coord, _stall_error(
+            waited, self._stall_timeout_secs, what,
+            replicas_to_aggregate=self.replicas_to_aggregate))
         return
       if self._stall_log_secs:
         _LOG.warning("sync_replicas: no update for %.0f s: %s", waited, what)
-
-  def _read_local_steps(self, sess):
-    """Every replica's local step, for the stall line; () if unknowable.
-
-    Against a remote master, each replica task's (a fresh session per
-    read, bounded); in process, this chief's own. Only on a stall report.
-    """
-    if self._local_step is None:
-      return ()
-    spec = self._local_steps.spec
-    try:
-      devices = []
-      if sess.sess_str:
-        devices = _diagnose.replica_devices(
-            [d.name for d in sess.list_devices()], spec.device)
-      if not devices:
-        return [_diagnose.LocalStep(spec.device or "this replica",
-                                    int(sess.run(self._local_step)), None)]
-      return self._local_steps.read(
-          sess.sess_str, devices,
-          config=_compat.session_config(sess))
-    except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("reading the replicas' local steps failed: %s", e)
-      return ()

@@ -310,11 +310,13 @@ class Statistics:
             lambda v=var: v.assign(tf.zeros([], v.dtype)).read_value()))
       return tf.group(*ops, name="init_cluster_counters")
 
-  def finish(self, status):
+  def finish(self, status, *, workers_done=None):
     """Builds the summaries and the tensors the hook logs.
 
     Args:
       status: The ``_status.StatusOps`` (pending gradients, queued tokens).
+      workers_done: With a ``data_end`` policy, the count of workers whose
+        input ended (``chief/workers_done``); None: no such scalar.
     """
     with self._under_scope(self._ps_device):
       c = self._cluster
@@ -336,6 +338,8 @@ class Statistics:
       }
       if "deadline_updates" in c:
         chief["deadline_updates"] = c["deadline_updates"].read_value()
+      if workers_done is not None:
+        chief["workers_done"] = tf.cast(workers_done, tf.int64)
     tensors = {}
     with self._under_scope(self._worker_device):
       for k in WORKER_COUNTERS:
@@ -343,8 +347,9 @@ class Statistics:
     with self._under_scope(self._ps_device):
       for k in CLUSTER_COUNTERS:
         tensors["cluster/" + k] = c[k].read_value()
-    for k in CHIEF_SCALARS + (("deadline_updates",) if "deadline_updates" in chief
-                              else ()):
+    optional = tuple(k for k in ("deadline_updates", "workers_done")
+                     if k in chief)
+    for k in CHIEF_SCALARS + optional:
       tensors["chief/" + k] = chief[k]
     with self._under_scope(None), tf.compat.v1.name_scope("summaries"):
       for key, value in tensors.items():
@@ -384,8 +389,8 @@ class NoStatistics:
   def init_ops(self):
     return []
 
-  def finish(self, status):
-    del status
+  def finish(self, status, *, workers_done=None):
+    del status, workers_done
 
 
 def build(enabled, **kwargs):
@@ -433,6 +438,8 @@ def format_line(values, *, is_chief):
                  + tuple(values["chief/" + k] for k in CHIEF_SCALARS)))
     if "chief/deadline_updates" in values:
       line += " deadline_updates=%d" % values["chief/deadline_updates"]
+    if "chief/workers_done" in values:
+      line += " workers_done=%d" % values["chief/workers_done"]
   return line
 
 

@@ -145,6 +145,12 @@ class SharedTokens:
     """The workers' own queues (none with this policy)."""
     return []
 
+  @property
+  def worker_shared_names(self):
+    """The shared names of ``worker_queues``, for a status reader."""
+    return [q.queue_ref.op.get_attr("shared_name").decode()
+            for q in self.worker_queues]
+
   def create(self, global_step, *, scope):
     """Creates ``sync_token_q`` (stock's name) on the global step's device.
 

@@ -69,6 +69,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._timeline = None
     # The chief's runs, for its runner's stop: recovery or end of training.
     self._run_state = None
+    # A run began and did not return (it raised): at end(), the input ended.
+    self._open_run = False
+    self._train_steps = 0  # Runs that returned, for the data-end log line.
+    self._coord = None
 
   @property
   def is_chief(self) -> bool:
@@ -101,6 +105,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session: "tf.compat.v1.Session",
                            coord: "tf.train.Coordinator") -> None:
     """Runs SyncReplicasOptimizer initialization ops."""
+    self._coord = coord
+    self._open_run = False
     if self._q_runner is not None and not (
         self._q_runner.wait_for_earlier_sessions(EARLIER_LOOP_TIMEOUT_SECS)):
       _LOG.warning(
@@ -131,6 +137,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
   def before_run(
       self, run_context: "tf.compat.v1.train.SessionRunContext"
   ) -> "tf.compat.v1.train.SessionRunArgs | None":
+    self._open_run = True
     if self._run_state is not None:
       self._run_state.in_run = self._run_state.ran = True
     fetches: "dict[str, typing.Any]" = {}
@@ -143,6 +150,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
   def after_run(
       self, run_context: "tf.compat.v1.train.SessionRunContext",
       run_values: "tf.compat.v1.train.SessionRunValues") -> None:
+    self._open_run = False
+    self._train_steps += 1
     if self._run_state is not None:
       self._run_state.in_run = False
     results = dict(run_values.results or {})
@@ -154,7 +163,19 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
   def end(self, session: "tf.compat.v1.Session") -> None:
     """MonitoredSession calls it only when training ends, never when it
     recreates the session after an error in a run: the chief's runner then
-    closes the token queue (workers end), and otherwise keeps it open."""
-    del session
+    closes the token queue (workers end), and otherwise keeps it open.
+
+    MonitoredSession ends normally on a run that raised OutOfRangeError or
+    StopIteration, the end of a one-pass input, and that run got no
+    ``after_run``; a step limit's last run did. So a run still open here
+    means this worker's data ended: it tells the job (``data_end``), and
+    the chief keeps its sync loop running until every worker is done.
+    """
+    if self._open_run:
+      self._open_run = False
+      coord = self._coord
+      self._sync_optimizer.announce_data_end(
+          session, is_chief=self._is_chief, batches=self._train_steps,
+          should_stop=lambda: coord is not None and coord.should_stop())
     if self._run_state is not None:
       self._run_state.ended = True

@@ -30,6 +30,7 @@ from sync_replicas import _accumulators
 from sync_replicas import _averages
 from sync_replicas import _checks
 from sync_replicas import _compat
+from sync_replicas import _data_end
 from sync_replicas import _keras
 from sync_replicas import _manifest
 from sync_replicas import _options
@@ -64,13 +65,13 @@ def _say_built(replicas_to_aggregate, total_num_replicas):
     patch.built()
 
 
-class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
+class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
+                            _wrapped.WrappedOptimizer):
   """Class to synchronize, aggregate gradients and pass them to the optimizer.
 
-  A drop-in for ``tf.compat.v1.train.SyncReplicasOptimizer``: same
-  constructor, methods, attributes, graph names and numbers. Gradients from
-  replicas are averaged, not summed, so scale the learning rate as for a
-  larger batch.
+  A drop-in for ``tf.compat.v1.train.SyncReplicasOptimizer`` (its numbers
+  with ``data_end="stock"``). Gradients are averaged, not summed: scale the
+  learning rate as for a larger batch.
 
   Usage::
 
@@ -114,7 +115,7 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
                pack_gradient_transfers: bool = True,
                averages_before_tokens: bool = False,
                combine_sparse_duplicates: bool = False,
-               sparse_reduction: str = "row_mean",
+               sparse_reduction: str = "row_mean", data_end: str = "train_all",
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
@@ -135,8 +136,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
       variables_to_average: The variables to average.
       use_locking: Passed to the base Optimizer (unused, as in stock).
       name: The name scope of the accumulator ops.
-      **options: Not in stock, keyword-only; each documented in
-        ``_options.Options`` and docs/options.md. Defaults: stock's protocol.
+      **options: Not in stock, keyword-only; each is documented in
+        ``sync_replicas._options.Options`` and docs/options.md.
 
     Raises:
       ValueError: For a bad replica count, a ``variable_averages`` without
@@ -153,8 +154,9 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     self._opt = opt  # Stock's name: TensorFlow's own tests read it.
     self._set_replica_counts(r, t)
     self._options = _options.make(r, t, **extras)
-    self._tokens = _tokens.policy(self._options, shared_prefix=(
-        _tokens.shared_prefix(name)))
+    prefix = _tokens.shared_prefix(name)
+    self._tokens = _tokens.policy(self._options, shared_prefix=prefix)
+    self._data_end = _data_end.make(self._options, shared_prefix=prefix)
     self._state = self._chief_queue_runner = None  # Set by apply_gradients.
 
   # ---------------------------------------------------------------- accessors
@@ -217,11 +219,10 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         total_num_replicas=self.total_num_replicas,
         tokens_per_step=self.tokens_per_step,
         token_queue_shared_name=state.tokens.shared_name,
-        worker_token_queue_shared_names=[
-            q.queue_ref.op.get_attr("shared_name").decode()
-            for q in state.tokens.worker_queues],
+        worker_token_queue_shared_names=state.tokens.worker_shared_names,
         local_step=state.local_step,
-        generations_shared_name=state.generations.shared_name)
+        generations_shared_name=state.generations.shared_name,
+        done_workers_shared_name=self._data_end.shared_name)
 
   def write_sync_manifest(self, path: str) -> str:
     """Writes ``sync_manifest()`` as JSON for ``sync-replicas-status``.
@@ -282,7 +283,8 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     grads_and_vars = tuple(grads_and_vars)
     _validate(self, grads_and_vars, global_step)
     assert global_step is not None  # For type checkers: _validate raised.
-    b = _Build(self, self.get_name(), self._tokens, global_step)
+    b = _Build(self, self.get_name(), self._tokens, self._data_end,
+               global_step)
     b.packed_variable_reads(grads_and_vars)
     b.local_step_and_statistics()
     b.aggregation_count()
@@ -323,16 +325,15 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
         total_num_replicas=self.total_num_replicas)
 
   def _build_init_tokens_op(self, num_tokens):
-    """The initial fill (``_tokens``); ``get_init_tokens_op`` guards it."""
+    """The initial fill (``_tokens``); ``get_init_tokens_op`` guards it.
+
+    With ``data_end="train_all"`` the default ``-1`` enqueues, on the
+    job's first start, only the tokens the workers lack
+    (docs/data_end.md).
+    """
     count = self.check_num_tokens(num_tokens)
-    state = self._state
-    # Every way of starting the protocol runs this op, not always
-    # chief_init_op (a Supervisor's default local init skips it): the
-    # cluster counters start here too, before any token exists.
-    fill = state.tokens.initial_fill(
-        state.global_step, count, encode=state.generations.encode,
-        after=state.stats.init_ops)
-    return fill if fill is not None else tf.no_op(name="no_init_tokens")
+    return _init_tokens_op(self._state, self._data_end, count,
+                           default=num_tokens == -1)
 
   def make_checkpoint_saver_listener(
       self, timeout_secs: float = _saves.DEFAULT_TIMEOUT_SECS
@@ -355,6 +356,19 @@ class SyncReplicasOptimizer(_wrapped.WrappedOptimizer):
     ``begin()``. A chief's ``num_tokens`` is validated here already.
     """
     return hook_lib.SyncReplicasOptimizerHook(self, is_chief, num_tokens)
+
+
+def _init_tokens_op(state, data_end, count, *, default):
+  """``get_init_tokens_op``'s op: ``count`` tokens (cut by ``data_end`` on
+  the first start when the count is the ``default``), or a no-op."""
+  # Every way of starting the protocol runs this op, not always
+  # chief_init_op (a Supervisor's default local init skips it): the
+  # cluster counters start here too, before any token exists.
+  encode = data_end.encoding(state.generations, scope=state.scope,
+                             initial=default)
+  fill = state.tokens.initial_fill(
+      state.global_step, count, encode=encode, after=state.stats.init_ops)
+  return fill if fill is not None else tf.no_op(name="no_init_tokens")
 
 
 def _validate(opt, grads_and_vars, global_step):
@@ -387,7 +401,7 @@ class _Build:
   this object, where they left it.
   """
 
-  def __init__(self, optimizer, name, tokens, global_step):
+  def __init__(self, optimizer, name, tokens, data_end, global_step):
     """Our name scope and the restart generations (nothing stock's yet)."""
     self.wrapped = optimizer._opt  # pylint: disable=protected-access
     self.o = optimizer.options
@@ -399,6 +413,7 @@ class _Build:
         None, name + "_status") as scope:
       self.scope = scope
     self.tokens = tokens
+    self.data_end = data_end
     self.generations = _restart.Generations(
         global_step, scope=scope,
         token_queue_shared_name=self.tokens.shared_name)
@@ -454,14 +469,28 @@ class _Build:
     """
     r = self.o.replicas_to_aggregate
     if not self.o.has_deadline:
-      self.num_required, self.loop = r, _runner.BlockingLoop()
+      self.num_required = r
       return
     with tf.compat.v1.name_scope(self.scope):
       self.num_required = tf.compat.v1.placeholder_with_default(
           tf.constant(r, tf.int32), [], name="num_required")
-    self.loop = _runner.DeadlineLoop(
-        self.num_required, self.o.min_replicas_to_aggregate,
-        self.o.aggregation_deadline_secs, replicas_to_aggregate=r)
+
+  def chief_loop(self):
+    """How the chief's runner runs the sync op once the takes exist.
+
+    Stock's blocking loop, unless an update may need fewer than
+    ``replicas_to_aggregate`` gradients (a deadline, or workers done): then
+    a polling loop that feeds every take its count.
+    """
+    if not self.o.has_deadline and not self.data_end.enabled:
+      return _runner.BlockingLoop()
+    return _runner.PollingLoop(
+        _data_end.take_counts(self.routes.aggregated),
+        replicas_to_aggregate=self.o.replicas_to_aggregate,
+        data_end=self.data_end if self.data_end.enabled else None,
+        min_replicas=self.o.min_replicas_to_aggregate,
+        secs=self.o.aggregation_deadline_secs,
+        num_required=self.num_required if self.o.has_deadline else None)
 
   def gradient_routes(self, grads_and_vars):
     """Every gradient's accumulator, its push and its take."""
@@ -481,6 +510,9 @@ class _Build:
 
   def token_queues(self):
     self.tokens.create(self.global_step, scope=self.scope)
+    self.data_end.build(device=self.global_step.device, scope=self.scope,
+                        token_queue=self.tokens.token_queue,
+                        local_step=self.local_step)
 
   def worker_train_op(self):
     """Push, then wait for a token and store it: the worker's barrier."""
@@ -503,19 +535,22 @@ class _Build:
     # is done, so a token always carries the new step.
     with tf.control_dependencies([averages.before_tokens(self.update_op)]):
       released = self.tokens.release(self.global_step,
-                                     encode=self.generations.encode)
+                                     encode=self.data_end.encoding(
+                                         self.generations, scope=self.scope))
     self.sync_op = averages.after_tokens(released)
     self.timeline.chief(_timeline.gradient_tensors(self.routes.aggregated),
                         self.update_op, self.sync_op, self.global_step)
 
   def chief_runner(self):
     """The status ops, the statistics' last part, and the chief's runner."""
+    self.loop = self.chief_loop()
     self.status = _status.build(
         self.routes.accumulators, self.tokens.queues,
         replicas_to_aggregate=self.o.replicas_to_aggregate,
         token_device=self.global_step.device, scope=self.scope,
         starts=self.generations.starts)
-    self.stats.finish(self.status)
+    self.stats.finish(self.status, workers_done=(
+        self.data_end.done_count if self.data_end.enabled else None))
     runner_op = self.stats.count_update(self.sync_op,
                                         by_deadline=self.loop.by_deadline)
     # Stock's QueueRunner(token_queue, [sync_op]), made to stop promptly.

@@ -73,8 +73,10 @@ def half_way(tmp_path):
   tools that must change nothing are checked against.
   """
   cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  # Stock's start: the chief's lone push returns on an initial token.
   workers = [support.LinearWorker(support.OURS, cluster, t, replicas=2,
-                                  total=2) for t in range(2)]
+                                  total=2, opt_kwargs={"data_end": "stock"})
+             for t in range(2)]
   chief, other = workers
   with chief.graph.as_default():
     # Built before the session: a finalized graph takes no new ops.

@@ -70,7 +70,8 @@ def test_the_listener_adds_no_op_and_refuses_what_it_cannot_pause():
     with pytest.raises(ValueError, match=r"timeout_secs must be a number of "
                                          r"seconds > 0, got"):
       model.opt.make_checkpoint_saver_listener(timeout_secs=bad)
-  stock_loop = TwoPsCounters("", prompt_stop=False)
+  stock_loop = TwoPsCounters("", prompt_stop=False,
+                             data_end="stock")
   with pytest.raises(ValueError, match=r"prompt_stop=False .* Build it with "
                                        r"prompt_stop=True"):
     stock_loop.opt.make_checkpoint_saver_listener()
@@ -119,12 +120,20 @@ def _chief_with_listener(timeout_secs):
 def test_a_save_holds_back_an_update_that_has_its_gradients_until_it_ends():
   with _chief_with_listener(5) as (model, listener, sess, coord):
     listener.before_save(sess, 0)  # As a save does: updates held.
-    sess.run(model.train_op)  # The gradient is in (an init token let it).
+    with model.graph.as_default():
+      pending = model.opt.accumulators[0][0].num_accumulated()
+    # The push lands; the run's token (no spare initial one) waits for the
+    # held update.
+    step = support.BoundedThread(sess.run, model.train_op, name="train-step")
+    step.start()
+    support.wait_until(lambda: sess.run(pending) == 1, timeout=20,
+                       what="the chief's gradient in its accumulator")
     # Bounded, not a speed claim: a full second later the update still
     # waits, with neither counter nor the step moved.
     coord.wait_for_stop(1.0)
     assert sess.run(model.counters) == [0, 0, 0]
     listener.after_save(sess, 0)
+    step.finish(timeout=20)
     support.wait_until(lambda: sess.run(model.counters) == [1, 1, 1],
                        timeout=20, what="the held update to land")
 

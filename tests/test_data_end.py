@@ -28,7 +28,6 @@ is in the checkout they skip, saying so.
 """
 
 import importlib.util
-import inspect
 
 import pytest
 
@@ -36,10 +35,6 @@ import support
 
 data_end = support.load_tool("data_end")
 
-HAS_DATA_END = "data_end" in inspect.signature(support.OURS).parameters
-needs_data_end = pytest.mark.skipif(
-    not HAS_DATA_END, reason="ours' data_end option (issue 36) is not in "
-    "this checkout's SyncReplicasOptimizer yet")
 HAS_ESTIMATOR = importlib.util.find_spec("tensorflow_estimator") is not None
 
 #: A process exits within this of its last batch. A prompt exit takes a few
@@ -77,8 +72,7 @@ SEEDS = {19: [10, 0, 12], 31: [0, 7, 1]}
 #: replica 1 had trained none and was stopped by the closed token queue).
 STOCK_BEHAVIOUR = [
     pytest.param("stock", None, id="stock"),
-    pytest.param("ours", "stock", id="ours-stock-policy",
-                 marks=needs_data_end),
+    pytest.param("ours", "stock", id="ours-stock-policy"),
 ]
 
 DRIVERS = [
@@ -123,7 +117,6 @@ def assert_every_process_exited_promptly(summary):
     assert w["secs_last_batch_to_exit"] < EXIT_SECS, describe(summary)
 
 
-@needs_data_end
 @pytest.mark.timeout(TEST_TIMEOUT_SECS)
 @pytest.mark.parametrize("shards", [
     pytest.param(NON_CHIEF_FIRST, id="non-chief-first"),
@@ -147,7 +140,6 @@ def test_default_trains_every_batch_and_every_process_exits(
                                               abs=1e-3), describe(summary)
 
 
-@needs_data_end
 @pytest.mark.timeout(TEST_TIMEOUT_SECS)
 @pytest.mark.parametrize("seed", sorted(SEEDS), ids="seed-{}".format)
 def test_default_trains_random_shards_with_an_empty_one(tmp_path, seed):
@@ -159,7 +151,6 @@ def test_default_trains_random_shards_with_an_empty_one(tmp_path, seed):
       summary)
 
 
-@needs_data_end
 @pytest.mark.timeout(TEST_TIMEOUT_SECS)
 @pytest.mark.parametrize("shards", [
     pytest.param(NON_CHIEF_FIRST, id="non-chief-first"),

@@ -66,7 +66,10 @@ def _constant_workers(clock):
     return [support.ConstantWorker(
         support.OURS, cluster, t, replicas=3, total=3,
         min_replicas_to_aggregate=2, aggregation_deadline_secs=DEADLINE_SECS,
-        stall_log_secs=None, runner_clock=clock if t == 0 else None)
+        stall_log_secs=None, runner_clock=clock if t == 0 else None,
+        # Stock's start, whose spare initial tokens let a lone push return:
+        # these tests step the workers one push at a time.
+        data_end="stock")
             for t in range(3)]
   except BaseException:
     SHARED.discard()

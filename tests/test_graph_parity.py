@@ -37,6 +37,9 @@ PACKED_GRADIENT_INPUTS = {("ResourceAccumulatorApplyGradient", 2),
 def _is_encoded(stock_input, our_input):
   """``our_input`` is stock's value plus an offset of ours (one AddV2).
 
+  The chief's tokens may first be cut (``data_end``, one Slice of ours): the
+  release to the workers not done, the initial ones on the first start.
+
   Stock's value is the same tensor, or a read of the same variable: the
   chief's set-steps share one read of the global step made after this
   start (``_restart.ChiefStart``), and stock's own read stays, unused.
@@ -45,6 +48,11 @@ def _is_encoded(stock_input, our_input):
   if add.type != "AddV2" or not add.inputs[1].name.startswith(OWN_SCOPE):
     return False
   value = add.inputs[0]
+  if value.op.type == "Slice" and value.op.name.startswith(
+      (OWN_SCOPE + "release_count/", OWN_SCOPE + "initial_count/")):
+    # The chief's tokens, cut to the rights to push the workers lack
+    # (docs/data_end.md).
+    value = value.op.inputs[0]
   return value.name == stock_input.name or (
       value.op.type == stock_input.op.type == "ReadVariableOp"
       and value.op.inputs[0].name == stock_input.op.inputs[0].name)

@@ -71,7 +71,8 @@ def test_single_worker_trains_in_a_monitored_session():
                               config=support.session_config()) as plain:
       final_step, final_w = plain.run([gs, w])
   assert final_step >= 5
-  # The second run's gradient is stale (the first token carried step 0);
-  # every update halves w (w -= 0.25 * 2w).
-  assert runs == final_step + 1
+  # No run's gradient is stale: data_end="train_all" gives no spare
+  # initial token to push a second time at step 0 (stock: runs == step + 1).
+  # Every update halves w (w -= 0.25 * 2w).
+  assert runs == final_step
   assert final_w == pytest.approx(4.0 * 0.5 ** final_step)

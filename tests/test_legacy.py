@@ -364,7 +364,9 @@ def supervised_worker(kind, cluster, worker_id, logdir):
       else:
         opt_cls = {"v2": legacy.SyncReplicasOptimizerV2,
                    "stock": support.STOCK}[kind]
-        opt = opt_cls(sgd, replicas_to_aggregate=2, total_num_replicas=2)
+        # Ours with stock's start (its round 2 is stale, as counted below).
+        opt = opt_cls(sgd, replicas_to_aggregate=2, total_num_replicas=2,
+                      **({"data_end": "stock"} if kind == "v2" else {}))
       train_op = opt.apply_gradients(zip(grads, [v0, v_sparse], strict=True),
                                      global_step=global_step)
       if kind == "legacy":

@@ -30,16 +30,19 @@ TYPED_API = {
     # The methods every sync optimizer inherits (get_chief_queue_runner, ...).
     "sync_replicas/_wrapped.py": ["WrappedOptimizer"],
     "sync_replicas/hook.py": ["SyncReplicasOptimizerHook"],
+    # SyncReplicasOptimizer's announce_data_end, mixed in from here.
+    "sync_replicas/_data_end.py": ["AnnouncesDataEnd"],
     "sync_replicas/cluster.py": ["LocalCluster", "loopback_cluster_spec"],
     "sync_replicas/errors.py": ["is_recoverable_error"],
     "sync_replicas/reads.py": ["read_packed"],
     "sync_replicas/slim.py": ["slim_train"],
     "sync_replicas/patch/__init__.py": [
         "Installation", "is_installed", "stock_class", "replaced", "install",
-        "uninstall", "install_when_tensorflow_is_imported"],
+        "uninstall", "install_when_tensorflow_is_imported", "built"],
     "sync_replicas/timeline.py": [
         "read", "clock_offsets", "aligned", "waited_for", "summary",
-        "straggler", "chrome_trace", "render", "merge", "main"],
+        "straggler", "chrome_trace", "render", "merge", "main", "last_start",
+        "headline"],
     # The command-line entry points (setup.cfg's console_scripts).
     "sync_replicas/patch/__main__.py": ["main"],
     "sync_replicas/cli/launch.py": ["main"],

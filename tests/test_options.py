@@ -79,15 +79,17 @@ def test_the_constructors_defaults_are_the_documented_ones(graph,
               (p.name, p.default) for p in stock]
 
 
-def test_default_options_are_stock_but_for_the_documented_three(graph):
+def test_default_options_are_stock_but_for_the_documented_four(graph):
   del graph
   o = support.OURS(support.sgd(), replicas_to_aggregate=2).options
   assert o == _options.Options(2, 2)
   assert not o.has_deadline and o.tokens_per_step == 2
   different = {k: getattr(o, k) for k in ("prompt_stop", "stall_log_secs",
-                                           "pack_gradient_transfers")}
+                                           "pack_gradient_transfers",
+                                           "data_end")}
   assert different == dict(prompt_stop=True, stall_log_secs=60.0,
-                           pack_gradient_transfers=True)
-  # Each of the three, switched to stock's behaviour, is still a valid value.
+                           pack_gradient_transfers=True, data_end="train_all")
+  # Each of the four, switched to stock's behaviour, is still a valid value.
   support.OURS(support.sgd(), replicas_to_aggregate=2, prompt_stop=False,
-               stall_log_secs=None, pack_gradient_transfers=False)
+               stall_log_secs=None, pack_gradient_transfers=False,
+               data_end="stock")

@@ -90,10 +90,14 @@ class Worker:
         sparse = tf.IndexedSlices(self.feeds["row_values"],
                                   self.feeds["rows"],
                                   tf.constant([6, 2], tf.int64))
-        kwargs = {}
+        # Ours with stock's data_end: these waves make stock's start (every
+        # worker's second gradient stale) and must drop what stock drops;
+        # the default, "train_all", gives no initial tokens to waste
+        # (docs/data_end.md; tests/test_data_end_protocol.py).
+        kwargs = {} if opt_cls is support.STOCK else dict(data_end="stock")
         if averages:
           self.ema = make_ema()
-          kwargs = dict(variable_averages=self.ema,
+          kwargs.update(variable_averages=self.ema,
                         variables_to_average=[self.dense, self.matrix])
         self.opt = opt_cls(make_opt(), replicas_to_aggregate=replicas,
                            total_num_replicas=total, **kwargs)

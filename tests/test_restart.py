@@ -36,6 +36,11 @@ class Replica:
             -1, step_dtype, shapes=(), shared_name="sync_token_q").size()
       with tf.compat.v1.device("/job:worker/task:%d" % task):
         self.grad = tf.constant([1.0, 2.0]) * (task + 1)
+        if impl is not support.STOCK:
+          # Stock's first start, whose initial tokens the steps below take
+          # (data_end="train_all" gives none then; a restart gives stock's
+          # count either way).
+          opt_kwargs.setdefault("data_end", "stock")
         self.opt = impl(tf.compat.v1.train.GradientDescentOptimizer(1.0),
                         replicas_to_aggregate=2, total_num_replicas=2,
                         **opt_kwargs)

@@ -84,7 +84,7 @@ CASES = {
     "multi_batch_averages_statistics": (
         dict(replicas=3, total=2, averages=True), dict(statistics=True)),
     "backups_prompt_stop_off": (dict(replicas=2, total=4),
-                                dict(prompt_stop=False)),
+                                dict(prompt_stop=False, data_end="stock")),
     "everything": (dict(averages=True), dict(
         statistics=True, fuse_dense_gradients=True,
         averages_before_tokens=True, sparse_reduction="replica_mean",

@@ -190,8 +190,10 @@ class _Task:
         self.table = tf.compat.v1.get_variable(
             "table", [ROWS, 1], initializer=tf.zeros_initializer())
       with tf.compat.v1.device("/job:worker/task:%d" % task):
+        # Stock's start: the steps below take its initial tokens.
         opt = support.OURS(support.sgd(), replicas_to_aggregate=replicas_to_aggregate,
-                           total_num_replicas=2, sparse_reduction=reduction)
+                           total_num_replicas=2, sparse_reduction=reduction,
+                           data_end="stock")
         self.opt = opt
         grad = _gradient(task, LOOKUPS, densify=densify)
         self.train_op = opt.apply_gradients([(grad, self.table)],

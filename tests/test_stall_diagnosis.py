@@ -36,7 +36,9 @@ class _OneReplica:
       v = tf.compat.v1.Variable([1.0, 2.0], name="v")
       self.opt = sync_replicas.SyncReplicasOptimizer(
           tf.compat.v1.train.GradientDescentOptimizer(0.1),
-          replicas_to_aggregate=1, stall_log_secs=STALL_LOG_SECS)
+          replicas_to_aggregate=1, stall_log_secs=STALL_LOG_SECS,
+          # Stock's start, whose spare initial token the steps below use.
+          data_end="stock")
       self.train_op = self.opt.minimize(tf.reduce_sum(v * v),
                                         global_step=self.global_step)
       self.local_step = support.local_step_variable(self.graph)
@@ -130,7 +132,8 @@ def test_stall_line_reads_every_replica_task(caplog):
   caplog.set_level(logging.WARNING, logger="sync_replicas")
   cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
   chief = support.LinearWorker(support.OURS, cluster, 0, replicas=2, total=2,
-                               opt_kwargs={"stall_log_secs": STALL_LOG_SECS})
+                               opt_kwargs={"stall_log_secs": STALL_LOG_SECS,
+                                           "data_end": "stock"})
   with chief.session() as sess:
     sess.run(chief.train_op)  # Pushes at step 0; worker 1 never starts.
     line = _wait_for_stall_line(caplog, "local steps")
@@ -188,7 +191,9 @@ def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
   words."""
   from sync_replicas.cli import status as status_tool  # pylint: disable=g-import-not-at-top
   cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
-  worker = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1)
+  # Stock's start: its spare initial token makes the stale push.
+  worker = support.LinearWorker(support.OURS, cluster, 0, replicas=1, total=1,
+                                opt_kwargs={"data_end": "stock"})
   with worker.graph.as_default():
     local_step = support.local_step_variable(worker.graph)
     rewind = local_step.assign(0)

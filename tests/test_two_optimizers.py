@@ -76,13 +76,14 @@ def test_two_optimizers_train_disjoint_variables_across_a_cluster():
     _, ops = built[0]
     for i, name in enumerate(names):
       step = ops[name][2]
-      # Round 1 updates, round 2 is stale (tokens carried step 0), rounds
-      # 3 and 4 update: 3 updates per optimizer, none lost to the other.
-      support.wait_until(lambda s=step: sessions[0].run(s) == 3, timeout=20,
-                         what="%s's global step == 3" % name)
+      # Every round updates (data_end="train_all" gives no spare initial
+      # token, whose stale round stock has): 4 updates per optimizer, none
+      # lost to the other.
+      support.wait_until(lambda s=step: sessions[0].run(s) == 4, timeout=20,
+                         what="%s's global step == 4" % name)
       mean_grad = np.array([1.0, 2.0]) * (i + 1) * 1.5  # tasks 1 and 2
       np.testing.assert_allclose(sessions[0].run(ops[name][3]),
-                                 -3 * mean_grad, rtol=1e-6)
+                                 -4 * mean_grad, rtol=1e-6)
   finally:
     for sess in reversed(sessions):
       sess.close()

@@ -15,6 +15,7 @@ import time
 
 import tensorflow as tf
 
+from sync_replicas import _data_end
 from sync_replicas import _diagnose
 from sync_replicas import _manifest
 from sync_replicas.cli import _cli
@@ -25,9 +26,15 @@ def snapshot(sess, ops, manifest):
   step, tokens, counts = sess.run(
       [ops.global_step, ops.tokens, ops.num_accumulated])
   starts = None if ops.starts is None else int(sess.run(ops.starts))
+  done = (None if ops.done_workers is None
+          else sorted(int(k) for k in sess.run(ops.done_workers)))
+  needed = manifest["replicas_to_aggregate"]
+  if done:
+    # What the chief's loop asks once workers are done (_data_end.need).
+    needed = max(0, min(needed, manifest["tokens_per_step"] - len(done)))
   return {"global_step": int(step), "tokens": int(tokens),
           "counts": [int(c) for c in counts], "starts": starts,
-          "needed": manifest["replicas_to_aggregate"]}
+          "needed": needed, "done": done}
 
 
 def replicas(state, manifest, reader, target, timeout):
@@ -73,6 +80,9 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
       counts=state["counts"], tokens=state["tokens"],
       replicas_to_aggregate=needed, global_step=state["global_step"])
   lines.append("  next: " + verdict)
+  if state.get("done") is not None:
+    lines.append("  data end: " + _data_end.done_clause(
+        state["done"], total_num_replicas=manifest["total_num_replicas"]))
   if replicas_line:
     lines.append("  replicas: " + replicas_line)
   if stalled_secs is not None and stall_secs and stalled_secs >= stall_secs:

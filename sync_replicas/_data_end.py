@@ -1,0 +1,487 @@
+"""Ending with the data: what happens when a worker's input runs out.
+
+Owns the ``data_end`` policies, the record of which workers are done (a hash
+table on the global step's device, in our own name scope, never
+checkpointed), a worker's key in it, how many gradients an update needs once
+some workers are done, how many tokens the chief releases then, and the
+announcement a worker makes when its input ends (with the chief's wait for
+the others that follows it).
+
+Stock knows nothing of a worker's end: a worker whose one-pass input raises
+``OutOfRangeError`` leaves, and every later update still waits for
+``replicas_to_aggregate`` gradients, which the others cannot give (they
+hang), or the chief leaves and closes the token queue (the others stop with
+their data half read). The policies:
+
+* ``"train_all"`` (default): a worker whose input ended says so; from then on
+  an update needs ``min(replicas_to_aggregate, tokens_per_step - done)``
+  gradients and the chief releases ``tokens_per_step - done`` tokens after
+  it, so the workers left push exactly what the next update takes. A chief
+  whose own input ended keeps running updates until every worker is done;
+  then the job ends as a prompt stop does.
+* ``"stop_together"``: the first worker whose input ends stops every worker
+  at once; they all end at the same global step, and the gradients pushed
+  for the update that never comes are dropped (logged).
+* ``"stock"``: nothing of the above is built; stock's behaviour.
+
+A worker's end is seen without any change to the script where hooks run
+(``MonitoredSession``, ``MonitoredTrainingSession``, an Estimator): those end
+normally when a run raises ``OutOfRangeError`` or ``StopIteration`` and then
+call every hook's ``end()``; a run that raised gets no ``after_run``, which
+tells this end from a step limit's (whose last run returned). A Supervisor
+loop runs no hooks: its script calls ``announce_data_end(sess)`` once.
+"""
+
+import json
+import logging
+import os
+import random
+import re
+import time
+import typing
+
+import tensorflow as tf
+
+_LOG = logging.getLogger(__name__)
+
+TRAIN_ALL = "train_all"
+STOP_TOGETHER = "stop_together"
+STOCK = "stock"
+#: Every ``data_end`` value, the default first.
+POLICIES = (TRAIN_ALL, STOP_TOGETHER, STOCK)
+
+#: Bound on each read or write of the done record from a hook or a script.
+RUN_TIMEOUT_MS = 10_000
+#: How often the chief, its own input ended, looks whether the others are.
+WAIT_POLL_SECS = 0.2
+#: How long the chief's wait goes on without any progress (no update and no
+#: worker newly done) before it gives up and ends the job, when
+#: ``stall_timeout_secs`` does not say otherwise. A worker that crashed is
+#: not done: the wait lets it recover.
+NO_PROGRESS_SECS = 600.0
+
+_TASK = re.compile(r"/job:(?P<job>[^/]+)/(?:replica:\d+/)?task:(?P<task>\d+)")
+
+
+def check(policy, *, prompt_stop):
+  """Raises unless ``policy`` is a ``data_end`` this optimizer can honour."""
+  if policy not in POLICIES:
+    raise ValueError(
+        "data_end must be one of %s, got %r. \"train_all\" trains every "
+        "batch of every worker and ends when the last one is done; "
+        "\"stop_together\" stops every worker when the first one's input "
+        "ends; \"stock\" keeps stock's behaviour." % (
+            ", ".join(repr(p) for p in POLICIES), policy))
+  if policy != STOCK and not prompt_stop:
+    raise ValueError(
+        "data_end=%r needs prompt_stop=True: with prompt_stop=False the "
+        "chief runs stock's QueueRunner, whose take waits for "
+        "replicas_to_aggregate gradients even after a worker is done. Pass "
+        "prompt_stop=True, or data_end=\"stock\" (stock's behaviour; one of "
+        "%s)." % (policy, ", ".join(repr(p) for p in POLICIES)))
+
+
+def worker_key(device, *, environ=None):
+  """This worker's key in the done record, and how it was found.
+
+  The task of the device the worker-local step was placed on (a
+  ``replica_device_setter``'s ``worker_device``): task ``i`` of job
+  ``worker`` is ``i``, or ``i + 1`` when TF_CONFIG names a ``chief`` job (an
+  Estimator's layout, whose chief is 0). Else TF_CONFIG's own task. Else a
+  random key: such a worker still counts once, but a restart of it would
+  count again.
+
+  Returns:
+    ``(key, who)``: an int, and a name for the log lines.
+  """
+  environ = os.environ if environ is None else environ
+  has_chief, task = False, None
+  try:
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    has_chief = bool(config.get("cluster", {}).get("chief"))
+    task = config.get("task")
+  except (ValueError, AttributeError):
+    pass
+  found = _TASK.search(device or "")
+  if found:
+    job, index = found.group("job"), int(found.group("task"))
+  elif isinstance(task, dict) and "index" in task:
+    job, index = task.get("type"), int(task["index"])
+  else:
+    key = random.getrandbits(62) + (1 << 32)
+    return key, "a worker with no task device (key %d)" % key
+  if job == "chief":
+    return 0, "the chief"
+  if has_chief:
+    return index + 1, "worker %d" % index
+  return index, "worker %d" % index
+
+
+class NoDataEnd:
+  """``data_end="stock"``: nothing built, stock's behaviour everywhere."""
+
+  policy = STOCK
+  enabled = False
+  #: No record on the ps: nothing for a status reader.
+  shared_name = None
+
+  def build(self, *, device, scope, token_queue, local_step):
+    del device, scope, token_queue, local_step
+
+  def encoding(self, generations, *, scope, initial=False):
+    del scope, initial
+    return generations.encode
+
+
+class DataEnd:
+  """``"train_all"`` or ``"stop_together"``: the done record and its reads.
+
+  Made with the optimizer; ``build`` makes its ops (in our scope, on the
+  global step's device) and must come before everything else.
+
+  Args:
+    policy: ``TRAIN_ALL`` or ``STOP_TOGETHER``.
+    replicas_to_aggregate: Gradients a full update averages.
+    total_num_replicas: Workers in the job.
+    tokens_per_step: Tokens a full update releases.
+    shared_prefix: What the optimizer's shared names start with.
+    shared_tokens: Every worker takes from ``sync_token_q`` (not
+      ``one_gradient_per_worker``'s own queues): only then are the tokens
+      cut.
+  """
+
+  enabled = True
+
+  def __init__(self, policy, *, replicas_to_aggregate, total_num_replicas,
+               tokens_per_step, shared_prefix, shared_tokens=True):
+    self.policy = policy
+    self.shared_tokens = shared_tokens
+    self.replicas_to_aggregate = replicas_to_aggregate
+    self.total_num_replicas = total_num_replicas
+    self.tokens_per_step = tokens_per_step
+    self.shared_name = shared_prefix + "sync_replicas_done"
+    self.key = self.who = None
+    self.done_count = self.done_keys = self.is_closed = None
+    self._key = self._batches = self._announce = None
+
+  def build(self, *, device, scope, token_queue, local_step):
+    """The done record and the ops that read and write it."""
+    self.key, self.who = worker_key(local_step.device)
+    with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
+      # A table, not a variable: no Saver, readiness check or checkpoint
+      # sees it, and it lives as long as the ps task, across chief restarts.
+      table = tf.raw_ops.MutableHashTableV2(
+          shared_name=self.shared_name, use_node_name_sharing=False,
+          key_dtype=tf.int64, value_dtype=tf.int64, name="done_workers")
+      self.done_count = tf.cast(
+          tf.raw_ops.LookupTableSizeV2(table_handle=table), tf.int32,
+          name="done_count")
+      self.done_keys = tf.raw_ops.LookupTableExportV2(
+          table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64,
+          name="done_export")
+      self._key = tf.compat.v1.placeholder(tf.int64, [], name="done_key")
+      self._batches = tf.compat.v1.placeholder(tf.int64, [],
+                                               name="done_batches")
+      self._announce = tf.raw_ops.LookupTableInsertV2(
+          table_handle=table, keys=tf.reshape(self._key, [1]),
+          values=tf.reshape(self._batches, [1]), name="announce_done")
+      # Whether the job already ended (the chief closed the token queue):
+      # a worker's run then raises OutOfRange too, and its input may not be
+      # over at all.
+      self.is_closed = token_queue.is_closed(name="token_queue_closed")
+
+  def need(self, done):
+    """Gradients the next update needs with ``done`` workers done."""
+    return max(0, min(self.replicas_to_aggregate,
+                      self.tokens_per_step - done))
+
+  def encoding(self, generations, *, scope, initial=False):
+    """What the chief applies to the tokens it enqueues: the cut to the
+    rights to push the workers lack (``initial_steps`` for the initial
+    fill, else ``release_steps``), then the generation's offset.
+
+    Only with stock's shared queue, and only where the tokens already pass
+    through our scope (int64 steps): int32 steps enqueue stock's fill
+    itself and keep its count. ``scope`` is our name scope.
+    """
+    if not self.shared_tokens or not generations.enabled:
+      return generations.encode
+
+    def encode(steps):
+      with tf.compat.v1.name_scope(scope):
+        steps = (self.initial_steps(steps, starts=generations.starts)
+                 if initial else self.release_steps(steps))
+      return generations.encode(steps)
+    return encode
+
+  def release_steps(self, steps):
+    """``steps`` (the tokens an update releases) cut to the workers left.
+
+    Each done worker took a token it never uses; without the cut the
+    others would have one spare token each per update, push twice at that
+    step, and the second push would be dropped as stale if it lands after
+    the update.
+    """
+    with tf.compat.v1.name_scope("release_count"):
+      left = tf.maximum(self.tokens_per_step - self.done_count, 0)
+      return tf.slice(steps, [0], tf.reshape(left, [1]))
+
+  def initial_steps(self, steps, *, starts):
+    """``steps`` (the chief's initial tokens) cut on the job's first start.
+
+    Every worker's first push needs no token (its local step starts at the
+    global step), so each worker brings its own right to push. Stock's
+    ``replicas_to_aggregate`` initial tokens come on top: a fast worker
+    uses them to push twice at the first step, and from then on the job
+    has more rights to push than an update takes, so some pushes land
+    after their update and are dropped (README, "Why synchronous
+    replicas"). On the first start (``starts`` at most 1) only what the
+    workers cannot bring is enqueued: ``replicas_to_aggregate -
+    total_num_replicas`` in multi-batch mode, else none. A restarted
+    chief enqueues stock's count: workers that pushed before the restart
+    wait for those tokens.
+    """
+    with tf.compat.v1.name_scope("initial_count"):
+      first = max(0, self.replicas_to_aggregate - self.total_num_replicas)
+      keep = tf.where(starts <= 1, tf.minimum(tf.size(steps), first),
+                      tf.size(steps))
+      return tf.slice(steps, [0], tf.reshape(keep, [1]))
+
+  def all_done(self, done):
+    return done >= self.total_num_replicas
+
+  def announce(self, session, *, batches):
+    """Records this worker as done; returns the workers done, or None if the
+    job already ended (the token queue is closed) or the ps is gone."""
+    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+    try:
+      if session.run(self.is_closed, options=options):
+        return None
+      session.run(self._announce, options=options,
+                  feed_dict={self._key: self.key,
+                             # -1: a caller that did not count them
+                             # (announce_data_end's batches=None).
+                             self._batches: -1 if batches is None
+                             else batches})
+      return int(session.run(self.done_count, options=options))
+    except tf.errors.OpError as e:
+      _LOG.info("sync_replicas: %s could not record that its data ended "
+                "(%s): the job is probably over", self.who, type(e).__name__)
+      return None
+
+  def log_done(self, *, batches, done, is_chief):
+    """The one line a worker logs when its data ends."""
+    total = self.total_num_replicas
+    if self.policy == STOP_TOGETHER:
+      nxt = ("data_end=\"stop_together\": every worker stops now, at the "
+             "same global step; what the others pushed for the next update "
+             "is dropped")
+    elif done >= total:
+      nxt = "every worker is done: the job ends"
+    elif is_chief:
+      nxt = ("the chief keeps running updates (each needs %d gradients) "
+             "until the other %d worker(s) are done" % (
+                 self.need(done), total - done))
+    else:
+      nxt = ("the other %d worker(s) train on; each update now needs %d "
+             "gradients" % (total - done, self.need(done)))
+    _LOG.info("sync_replicas: %s: its data ended after %s train steps; %d of "
+              "%d workers done; %s", self.who,
+              "?" if batches is None else batches, done, total, nxt)
+
+  def wait_for_the_others(self, session, *, global_step, should_stop,
+                          no_progress_secs, log_secs,
+                          clock=time.monotonic, sleep=time.sleep):
+    """The chief's wait, its own data ended, until every worker is done.
+
+    Its sync loop runs meanwhile (the coordinator has not stopped yet). Ends
+    when every worker is done, when ``should_stop()`` (the loop failed), or
+    after ``no_progress_secs`` with no update and no worker newly done.
+
+    Returns:
+      True if every worker is done.
+    """
+    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+    last, since = None, clock()
+    logged = since
+    while not should_stop():
+      try:
+        step, done = session.run([global_step, self.done_count],
+                                 options=options)
+      except tf.errors.OpError as e:
+        _LOG.warning("sync_replicas: the chief stops waiting for the other "
+                     "workers: %s", e)
+        return False
+      if self.all_done(done):
+        _LOG.info("sync_replicas: every worker is done at global step %d: "
+                  "the job ends", step)
+        return True
+      now = clock()
+      if (step, done) != last:
+        last, since = (step, done), now
+      elif now - since >= no_progress_secs:
+        _LOG.warning(
+            "sync_replicas: no update and no worker done for %.0f s while "
+            "the chief waits for %d worker(s) to finish their data: the job "
+            "ends now", now - since, self.total_num_replicas - done)
+        return False
+      if log_secs and now - logged >= log_secs:
+        logged = now
+        _LOG.info("sync_replicas: the chief's data ended; it keeps running "
+                  "updates (global step %d) for the %d worker(s) not done",
+                  step, self.total_num_replicas - done)
+      sleep(WAIT_POLL_SECS)
+    return False
+
+
+def read_done(sess, ends):
+  """The keys of the workers whose input ended; None without a ``data_end``
+  policy (``ends`` None) or when the record cannot be read."""
+  if ends is None:
+    return None
+  try:
+    keys, _ = sess.run(ends.done_keys)
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("reading the workers done failed: %s", e)
+    return None
+  return sorted(int(k) for k in keys)
+
+
+def stall_part(sess, ends, replicas_to_aggregate):
+  """The stall line's data-end part: ``(gradients the update needs, text)``,
+  the text empty without a ``data_end`` policy (``ends`` None) or a record
+  that cannot be read."""
+  done = read_done(sess, ends)
+  if done is None:
+    return replicas_to_aggregate, ""
+  return ends.need(len(done)), "; " + done_clause(
+      done, total_num_replicas=ends.total_num_replicas)
+
+
+def log_stop_together(*, step, dropped):
+  _LOG.info("sync_replicas: a worker's data ended (data_end="
+            "\"stop_together\"): every worker stops at global step %d; "
+            "%d gradient(s) per variable pushed for the next update are "
+            "dropped", step, dropped)
+
+
+def done_clause(keys, *, total_num_replicas):
+  """The stall line's part on the workers done (``keys`` from the record).
+
+  A worker that crashed is not done: it stays among those the update waits
+  for.
+  """
+  if not keys:
+    return "no worker is done (data_end)"
+  return "%d of %d workers done, their input ended (keys %s)" % (
+      len(keys), total_num_replicas, ", ".join(str(k) for k in keys))
+
+
+class AnnouncesDataEnd:
+  """``SyncReplicasOptimizer``'s ``announce_data_end``, kept with the rest
+  of the data end. Reads the optimizer's ``_data_end`` (a ``DataEnd`` or
+  ``NoDataEnd``) and its public accessors."""
+
+  def announce_data_end(
+      self, sess: "tf.compat.v1.Session", *, is_chief: "bool | None" = None,
+      batches: "int | None" = None,
+      should_stop: "typing.Callable[[], bool] | None" = None) -> None:
+    """Not in stock: tells the job that this worker's input has ended.
+
+    The session hook calls it by itself when a run of a MonitoredSession
+    (or an Estimator) ends on OutOfRangeError or StopIteration. A
+    Supervisor loop runs no hooks: call it once when the input ends (a
+    closed input queue raising OutOfRangeError), before ``sv.stop()``::
+
+      try:
+        while not sv.should_stop():
+          sess.run(train_op)
+      except tf.errors.OutOfRangeError:
+        opt.announce_data_end(sess)  # sync_replicas: this worker is done
+
+    With ``data_end="train_all"`` the updates then need one gradient less
+    (down to ``replicas_to_aggregate`` with backups), and on the chief it
+    returns only once every worker is done (or nothing moved for
+    ``stall_timeout_secs``, 600 s without it; logged), its sync loop
+    running meanwhile. With ``"stop_together"`` every worker stops at once.
+    With ``"stock"`` it does nothing. Logs one line either way.
+
+    Args:
+      sess: A session on this worker's target (the Supervisor's, a
+        MonitoredSession's raw one).
+      is_chief: Whether this is the chief; None: whether this process runs
+        the optimizer's sync loop.
+      batches: This worker's train steps, for the log line; None: unknown.
+      should_stop: A callable; the chief's wait ends when it returns True.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    # The SyncReplicasOptimizer this class is mixed into (its accessors).
+    opt: typing.Any = self
+    global_step = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    if not ends.enabled:
+      return
+    done = ends.announce(sess, batches=batches)
+    if done is None:
+      return
+    if is_chief is None:
+      is_chief = opt.get_chief_queue_runner().serving
+    ends.log_done(batches=batches, done=done, is_chief=is_chief)
+    if (not is_chief or ends.policy != TRAIN_ALL
+        or ends.all_done(done)):
+      return
+    o = opt.options
+    ends.wait_for_the_others(
+        sess, global_step=global_step,
+        should_stop=should_stop or (lambda: False),
+        no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
+        log_secs=o.stall_log_secs)
+
+
+def make(options, *, shared_prefix):
+  """The data-end policy ``options`` (an ``_options.Options``) ask for."""
+  if options.data_end == STOCK:
+    return NoDataEnd()
+  return DataEnd(options.data_end,
+                 replicas_to_aggregate=options.replicas_to_aggregate,
+                 total_num_replicas=options.total_num_replicas,
+                 tokens_per_step=options.tokens_per_step,
+                 shared_prefix=shared_prefix,
+                 shared_tokens=not options.one_gradient_per_worker)
+
+
+def take_counts(aggregated):
+  """The ``num_required`` inputs of every take behind ``aggregated``.
+
+  Stock's takes read a constant each; the chief's loop feeds them (a
+  constant's output may be fed) instead of building a placeholder, so the
+  graph outside our scope stays stock's.
+
+  Args:
+    aggregated: The ``(gradient, variable)`` pairs the update applies.
+
+  Returns:
+    The distinct tensors, in a stable order.
+  """
+  takes = ("AccumulatorTakeGradient", "ResourceAccumulatorTakeGradient",
+           "SparseAccumulatorTakeGradient")
+  todo = []
+  for grad, _ in aggregated:
+    if isinstance(grad, tf.IndexedSlices):
+      todo.extend([grad.values.op, grad.indices.op])
+    elif grad is not None:
+      todo.append(grad.op)
+  seen, found = set(), []
+  while todo:
+    op = todo.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if op.type in takes:
+      if op.inputs[1] not in found:
+        found.append(op.inputs[1])
+      continue
+    todo.extend(t.op for t in op.inputs)
+  return sorted(found, key=lambda t: t.name)

@@ -1,0 +1,403 @@
+"""Training ends when the data ends (issue 36), in process.
+
+Workers are threads, each with its own graph and MonitoredSession on a
+``LocalCluster`` worker, reading a one-pass ``tf.data`` shard of its own:
+the shard's end raises OutOfRangeError, which ends that worker's
+MonitoredSession normally. Each gradient also pushes a one-row sparse
+gradient into a ``trained`` variable on the ps, summed (not averaged) by
+``sparse_reduction="sum"``, with SGD at rate -1: every gradient an applied
+update took adds 1 to its worker's cell. So the cells count, from the
+updates themselves, which workers' batches were trained.
+"""
+
+import contextlib
+import io
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import support
+import sync_replicas
+from sync_replicas import _data_end
+from sync_replicas import _timeline_writer
+from sync_replicas.cli import status as status_tool
+
+#: Bound on a whole job of a few dozen steps on a loaded machine.
+JOB_SECS = 120
+
+
+class ShardWorker:
+  """Worker ``task`` trains on ``batches`` batches, then its input ends."""
+
+  def __init__(self, cluster, task, *, workers, batches, replicas=None,
+               cls=support.OURS, last_step=None, averages=False,
+               **opt_kwargs):
+    self.task = task
+    self.is_chief = task == 0
+    self.target = cluster.worker_targets[task]
+    self.graph = tf.Graph()
+    self.runs = 0
+    self.last_step = last_step
+    with self.graph.as_default():
+      with tf.compat.v1.device("/job:ps/task:0"):
+        self.step = tf.compat.v1.train.get_or_create_global_step()
+        self.w = tf.compat.v1.get_variable(
+            "w", [2], initializer=tf.zeros_initializer())
+        self.trained = tf.compat.v1.get_variable(
+            "trained", [workers], initializer=tf.zeros_initializer())
+      with tf.compat.v1.device("/job:worker/task:%d" % task):
+        data = tf.data.Dataset.range(batches)
+        x = tf.cast(tf.compat.v1.data.make_one_shot_iterator(data).get_next(),
+                    tf.float32)
+        loss = tf.reduce_sum(tf.square(self.w - x))
+        grad_w = tf.gradients(loss, self.w)[0]
+        # Depends on the batch, so a run whose input ended pushes nothing.
+        row = tf.IndexedSlices(tf.reshape(1.0 + 0.0 * x, [1, 1]),
+                               tf.constant([task]), tf.constant([workers, 1]))
+        opt_kwargs.setdefault("sparse_reduction", "sum")
+        if averages:
+          opt_kwargs.update(
+              variable_averages=tf.train.ExponentialMovingAverage(0.5),
+              variables_to_average=[self.w])
+        self.opt = cls(tf.compat.v1.train.GradientDescentOptimizer(-1.0),
+                       replicas_to_aggregate=replicas or workers,
+                       total_num_replicas=workers, **opt_kwargs)
+        # Rate -1 on ``w`` too: only ``trained`` matters here.
+        self.train_op = self.opt.apply_gradients(
+            [(-0.0 * grad_w, self.w),
+             (tf.IndexedSlices(tf.reshape(row.values, [1]), row.indices,
+                               tf.constant([workers])), self.trained)],
+            global_step=self.step)
+      self.hooks = [self.opt.make_session_run_hook(self.is_chief)]
+      if last_step is not None:
+        self.hooks.append(
+            tf.compat.v1.train.StopAtStepHook(last_step=last_step))
+
+  def train(self, ready):
+    """Trains until the input ends (or the step limit); returns the runs."""
+    with self.graph.as_default(), support.monitored_session(
+        self.target, is_chief=self.is_chief, hooks=self.hooks) as sess:
+      if self.is_chief:
+        ready.set()
+      while not sess.should_stop():
+        sess.run(self.train_op)
+        self.runs += 1
+    return self.runs
+
+
+def _trained(cluster, workers):
+  with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:0"):
+      step = tf.compat.v1.train.get_or_create_global_step()
+      trained = tf.compat.v1.get_variable("trained", [workers])
+    with tf.compat.v1.Session(cluster.worker_targets[0],
+                              config=support.session_config()) as sess:
+      return sess.run([step, trained])
+
+
+def _run(shards, *, kept=None, **kwargs):
+  """Runs one job; returns (global step, trained per worker, runs).
+
+  ``kept``, a list, gets the cluster and the workers.
+  """
+  workers = len(shards)
+  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
+  per_worker_index = kwargs.pop("per_worker_index", False)
+  jobs = [ShardWorker(cluster, t, workers=workers, batches=n,
+                      **(dict(kwargs, worker_index=t) if per_worker_index
+                         else kwargs))
+          for t, n in enumerate(shards)]
+
+  def work(cluster, task, ready):
+    del cluster
+    jobs[task].train(ready)
+
+  support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
+  step, trained = _trained(cluster, workers)
+  if kept is not None:
+    kept.extend([cluster, jobs])
+  return int(step), trained, [j.runs for j in jobs]
+
+
+@pytest.mark.parametrize("shards", [(12, 4, 12), (4, 12, 12), (8, 8, 8)],
+                         ids=["non_chief_first", "chief_first", "equal"])
+def test_every_process_ends_and_every_batch_after_the_start_is_trained(
+    shards):
+  step, trained, runs = _run(shards)
+  assert runs == list(shards), runs
+  print("trained", trained, "step", step)
+  np.testing.assert_array_equal(trained, shards)
+
+
+@pytest.mark.parametrize("shards, kwargs, exact", [
+    ((8, 3, 8), dict(one_gradient_per_worker=True), True),
+    ((8, 3, 8), dict(fuse_dense_gradients=True, statistics=True), True),
+    ((9, 3), dict(replicas=3), True),
+    ((8, 3, 8), dict(replicas=2), False),
+    ((8, 3, 8), dict(min_replicas_to_aggregate=2,
+                     aggregation_deadline_secs=30.0), True),
+    ((8, 3, 8), dict(averages=True), True),
+], ids=["one_gradient_per_worker", "fused_statistics", "multi_batch",
+        "backups", "deadline", "variable_averages"])
+def test_every_process_ends_with_other_options(shards, kwargs, exact):
+  """Backups drop their slowest gradients by design: there only every
+  process ending is checked."""
+  if kwargs.get("one_gradient_per_worker"):
+    kwargs = dict(kwargs, per_worker_index=True)
+  _, trained, runs = _run(shards, **kwargs)
+  assert runs == list(shards), runs
+  if exact:
+    np.testing.assert_array_equal(trained, shards)
+  else:
+    assert np.all(trained <= shards) and trained.sum() > 0, trained
+
+
+@pytest.mark.parametrize("shards", [(0, 6, 6), (6, 0, 6)],
+                         ids=["chief_has_no_data", "a_worker_has_no_data"])
+def test_a_shard_of_no_batches_ends_cleanly(shards):
+  _, trained, runs = _run(shards)
+  assert runs == list(shards), runs
+  np.testing.assert_array_equal(trained, shards)
+
+
+def test_each_worker_logs_one_line_when_its_data_ends(caplog):
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    _run((6, 2, 6))
+  lines = [r.getMessage() for r in caplog.records
+           if "its data ended" in r.getMessage()]
+  assert len(lines) == 3, lines
+  by_worker = {line.split(":")[1].strip(): line for line in lines}
+  assert "after 2 train steps; 1 of 3 workers done" in by_worker["worker 1"]
+  assert "each update now needs 2 gradients" in by_worker["worker 1"]
+  assert "every worker is done" in "".join(lines), lines
+
+
+def test_a_step_limit_ends_the_job_as_before(caplog):
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    step, trained, runs = _run((40, 40, 40), last_step=5)
+  assert step >= 5
+  assert not [r for r in caplog.records if "its data ended" in r.getMessage()]
+  assert all(r < 40 for r in runs), runs
+
+
+def test_stop_together_ends_every_worker_at_the_first_end(caplog):
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    step, trained, runs = _run((12, 4, 12), data_end="stop_together")
+  # Every update averaged exactly 3 gradients: no batch of worker 1 was
+  # left out, and nothing was applied after its end.
+  assert trained[1] == 4
+  assert sum(trained) == 3 * step, (trained, step)
+  assert runs[0] < 12 and runs[2] < 12, runs
+  text = "\n".join(r.getMessage() for r in caplog.records)
+  assert "every worker stops at global step %d" % step in text, text
+
+
+def test_stock_policy_builds_nothing_of_it(graph):
+  opt = support.OURS(support.sgd(), replicas_to_aggregate=2,
+                     data_end="stock")
+  step = tf.compat.v1.train.get_or_create_global_step()
+  var = tf.compat.v1.get_variable("v", [2])
+  opt.apply_gradients([(tf.ones([2]), var)], global_step=step)
+  opt.get_init_tokens_op()
+  names = [op.name for op in graph.get_operations()]
+  assert not [n for n in names if "done" in n or "_count/" in n], names
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(data_end="bogus"), r"data_end must be one of 'train_all', "
+     r"'stop_together', 'stock', got 'bogus'"),
+    (dict(data_end="stop_together", prompt_stop=False),
+     r"data_end='stop_together' needs prompt_stop=True"),
+    (dict(prompt_stop=False), r"data_end='train_all' needs prompt_stop=True"),
+], ids=["unknown", "stop_together_without_prompt_stop",
+        "default_without_prompt_stop"])
+def test_bad_data_end_is_a_clear_error_at_construction(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    support.OURS(support.sgd(), replicas_to_aggregate=2, **kwargs)
+
+
+def _data_end_record(workers, replicas):
+  """A ``DataEnd`` built in the default graph, for an in-process session."""
+  ends = _data_end.DataEnd(
+      _data_end.TRAIN_ALL, replicas_to_aggregate=replicas,
+      total_num_replicas=workers,
+      tokens_per_step=max(workers, replicas), shared_prefix="counts/")
+  local = tf.compat.v1.Variable(0, dtype=tf.int64, name="local")
+  ends.build(device="", scope="counts_status/",
+             token_queue=tf.queue.FIFOQueue(-1, tf.int64, shapes=()),
+             local_step=local)
+  return ends
+
+
+@pytest.mark.parametrize("workers, replicas, first, release_after_one_done", [
+    (3, 3, 0, 2), (4, 2, 0, 3), (2, 4, 2, 3)],
+    ids=["plain", "backups", "multi_batch"])
+def test_token_counts_follow_the_workers_not_done(
+    graph, workers, replicas, first, release_after_one_done):
+  # A white-box check of the two cuts (release, initial fill) that
+  # the protocol tests above only see through their timing.
+  del graph
+  ends = _data_end_record(workers, replicas)
+  per_step = max(workers, replicas)
+  steps = tf.fill([per_step], tf.constant(7, tf.int64))
+  released = ends.release_steps(steps)
+  initial = [ends.initial_steps(steps, starts=tf.constant(s))
+             for s in (1, 2)]
+  with tf.compat.v1.Session() as sess:
+    assert len(sess.run(released)) == per_step
+    assert [len(x) for x in sess.run(initial)] == [first,
+                                                   per_step]
+    assert ends.announce(sess, batches=5) == 1
+    assert ends.announce(sess, batches=5) == 1, "a second announce counts"
+    assert len(sess.run(released)) == release_after_one_done
+    assert ends.need(1) == min(replicas, per_step - 1)
+
+
+def _supervised_train(job, ready):
+  """The TF 0.12 Supervisor recipe, ending with ``announce_data_end``."""
+  opt = job.opt
+  with job.graph.as_default():
+    init_tokens = opt.get_init_tokens_op() if job.is_chief else None
+    sv = tf.compat.v1.train.Supervisor(
+        is_chief=job.is_chief, logdir=None,
+        init_op=tf.compat.v1.global_variables_initializer(),
+        local_init_op=(opt.chief_init_op if job.is_chief
+                       else opt.local_step_init_op),
+        ready_for_local_init_op=opt.ready_for_local_init_op,
+        recovery_wait_secs=0.2, global_step=job.step, save_model_secs=0,
+        save_summaries_secs=0, stop_grace_secs=5)
+    sess = sv.prepare_or_wait_for_session(
+        job.target, config=support.session_config(), max_wait_secs=60)
+    if job.is_chief:
+      sv.start_queue_runners(sess, [opt.get_chief_queue_runner()])
+      sess.run(init_tokens)
+      ready.set()
+    try:
+      while not sv.should_stop():
+        sess.run(job.train_op)
+        job.runs += 1
+    except tf.errors.OutOfRangeError:
+      opt.announce_data_end(sess, batches=job.runs)
+    sv.stop()
+
+
+@pytest.mark.parametrize("shards", [(8, 3, 8), (3, 8, 8)],
+                         ids=["non_chief_first", "chief_first"])
+def test_a_supervisor_loop_announces_its_end_with_one_call(shards):
+  workers = len(shards)
+  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=workers, batches=n)
+          for t, n in enumerate(shards)]
+
+  def work(cluster, task, ready):
+    del cluster
+    _supervised_train(jobs[task], ready)
+
+  support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
+  _, trained = _trained(cluster, workers)
+  assert [j.runs for j in jobs] == list(shards)
+  np.testing.assert_array_equal(trained, shards)
+
+
+def test_statistics_count_the_workers_done():
+  kept = []
+  _run((4, 2, 4), statistics=True, statistics_log_steps=None, kept=kept)
+  cluster, jobs = kept
+  chief = jobs[0]
+  with chief.graph.as_default(), tf.compat.v1.Session(
+      cluster.worker_targets[0], config=support.session_config()) as sess:
+    done = sess.run(chief.opt.statistics_tensors["chief/workers_done"])
+  assert done == 3
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["input_ends", "crash"])
+def test_a_worker_that_crashes_is_not_done(crash):
+  """MonitoredSession calls the hooks' end() only on a normal end: a run
+  that fails otherwise leaves the worker not done, for recovery."""
+  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
+  job = ShardWorker(cluster, 0, workers=1, batches=3, statistics=True,
+                    statistics_log_steps=None)
+  with pytest.raises(RuntimeError, match="crash") if crash else (
+      contextlib.nullcontext()):
+    with job.graph.as_default(), support.monitored_session(
+        job.target, is_chief=True, hooks=job.hooks) as sess:
+      while not sess.should_stop():
+        sess.run(job.train_op)
+        job.runs += 1
+        if crash and job.runs == 2:
+          raise RuntimeError("crash")
+  with job.graph.as_default(), tf.compat.v1.Session(
+      job.target, config=support.session_config()) as sess:
+    done = sess.run(job.opt.statistics_tensors["chief/workers_done"])
+  assert done == (0 if crash else 1)
+
+
+def test_the_timeline_records_a_job_that_ends_with_its_data(tmp_path):
+  step, trained, runs = _run((6, 2, 6), timeline_dir=str(tmp_path))
+  _timeline_writer.close_all()
+  assert runs == [6, 2, 6]
+  np.testing.assert_array_equal(trained, [6, 2, 6])
+
+  def records(name):
+    return (tmp_path / name).read_text().splitlines()
+
+  # One record per train step that returned (the run the input ended in
+  # trained nothing), and one per update the chief applied.
+  assert [len(records("worker-%d.worker.jsonl" % t)) for t in range(3)] == (
+      runs)
+  assert len(records("worker-0.chief.jsonl")) == step
+
+
+def test_the_status_tool_says_which_workers_are_done(tmp_path):
+  kept = []
+  _run((4, 2, 4), kept=kept)
+  cluster, jobs = kept
+  path = jobs[0].opt.write_sync_manifest(str(tmp_path))
+  out = io.StringIO()
+  code = status_tool.main(
+      ["--manifest", path, "--ps", cluster.cluster_spec.job_tasks("ps")[0]],
+      out=out)
+  text = out.getvalue()
+  assert code == 0, text
+  assert ("data end: 3 of 3 workers done, their input ended (keys 0, 1, 2)"
+          in text), text
+
+
+def test_the_stall_line_names_the_workers_done(caplog):
+  """Worker 2's input ends, worker 1 stops pushing without ending (as a
+  crashed worker would): the update waits for it, and the stall line says
+  that only worker 2 is done."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+          for t, n in enumerate((5, 5, 1))]
+  sessions, chief = [], None
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  try:
+    for job in jobs:
+      with job.graph.as_default():
+        sessions.append(support.monitored_session(
+            job.target, is_chief=job.is_chief, hooks=job.hooks))
+    support.run_concurrently([(s.run, j.train_op)
+                              for s, j in zip(sessions, jobs, strict=True)])
+    with pytest.raises(tf.errors.OutOfRangeError):
+      sessions[2].run(jobs[2].train_op)
+    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                  name="chief-step")
+    chief.start()
+    support.wait_until(
+        lambda: any("1 of 3 workers done, their input ended (keys 2)" in
+                    r.getMessage() for r in caplog.records),
+        timeout=30, what="a stall line naming worker 2 done")
+    line = [r.getMessage() for r in caplog.records
+            if "no update for" in r.getMessage()][-1]
+    assert "w 1/2" in line, line  # min(R=3, 3 - 1 done) = 2 needed.
+  finally:
+    if chief is not None:
+      # Worker 1 is back: the update lands and the chief's run returns.
+      sessions[1].run(jobs[1].train_op)
+      chief.finish(timeout=30)
+    for sess in reversed(sessions[:2]):
+      sess.close()
