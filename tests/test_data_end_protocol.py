@@ -12,6 +12,7 @@ updates themselves, which workers' batches were trained.
 
 import contextlib
 import io
+import json
 import logging
 
 import numpy as np
@@ -340,14 +341,16 @@ def test_the_timeline_records_a_job_that_ends_with_its_data(tmp_path):
   assert runs == [6, 2, 6]
   np.testing.assert_array_equal(trained, [6, 2, 6])
 
-  def records(name):
-    return (tmp_path / name).read_text().splitlines()
+  def records(name, kind):
+    lines = (tmp_path / name).read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
-  # One record per train step that returned (the run the input ended in
-  # trained nothing), and one per update the chief applied.
-  assert [len(records("worker-%d.worker.jsonl" % t)) for t in range(3)] == (
-      runs)
-  assert len(records("worker-0.chief.jsonl")) == step
+  # One step record per train step that returned (the run the input ended
+  # in trained nothing), and one update record per update the chief applied
+  # (each file also opens with its process's start record).
+  assert [len(records("worker-%d.worker.jsonl" % t, "step"))
+          for t in range(3)] == runs
+  assert len(records("worker-0.chief.jsonl", "update")) == step
 
 
 def test_the_status_tool_says_which_workers_are_done(tmp_path):
