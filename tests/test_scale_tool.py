@@ -29,7 +29,16 @@ def test_scale_counts_fewer_transfers_for_packed_and_fused(tmp_path):
     # fused also takes one fused accumulator per ps task.
     assert ours["worker_transfers"] < stock["worker_transfers"], first
     assert fused["worker_transfers"] < ours["worker_transfers"], first
-    assert fused["chief_ops"] < stock["chief_ops"], first
+    # Fused takes one accumulator per ps task where ours takes one per
+    # variable. (Against stock the default's data end adds a fixed share of
+    # chief ops, its token cut and done count, so at 8 variables fused's
+    # chief run has more ops than stock's; what it costs per variable is
+    # compared below.)
+    assert fused["chief_ops"] < ours["chief_ops"], first
+  # Per variable the chief's run grows less with fused than with stock.
+  assert (first[(16, "fused")]["chief_ops"] - first[(8, "fused")]["chief_ops"]
+          < first[(16, "stock")]["chief_ops"]
+          - first[(8, "stock")]["chief_ops"]), first
   # Stock's per-variable transfers grow with V, at least one per variable.
   assert (first[(16, "stock")]["worker_transfers"]
           - first[(8, "stock")]["worker_transfers"]) >= 8
