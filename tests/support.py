@@ -193,6 +193,23 @@ def session_config(timeout_ms=OP_TIMEOUT_MS):
   return tf.compat.v1.ConfigProto(operation_timeout_in_ms=timeout_ms)
 
 
+def traced_worker_recvs(target, g, fetch, init):
+  """Tensors a worker received from other tasks in one traced run of
+  ``fetch`` (its RecvTensor nodes), after ``init`` and one untraced run
+  that registers the graph (a graph's first run is not a steady step)."""
+  with tf.compat.v1.Session(target, graph=g, config=session_config()) as sess:
+    sess.run(init)
+    sess.run(fetch)
+    options = tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    metadata = tf.compat.v1.RunMetadata()
+    sess.run(fetch, options=options, run_metadata=metadata)
+  return sum(1 for dev in metadata.step_stats.dev_stats
+             if "/job:worker/" in dev.device
+             for node in dev.node_stats if node.node_name.startswith(
+                 "RecvTensor"))
+
+
 def wait_until(predicate, *, timeout, what, interval=0.01):
   """Polls ``predicate`` until true; fails naming ``what`` after ``timeout`` s."""
   deadline = time.monotonic() + timeout

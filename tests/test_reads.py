@@ -111,20 +111,6 @@ def test_values_and_gradients_equal_plain_reads(use_resource):
         packed[i].op.name)
 
 
-def _traced_recvs(target, g, fetch, init):
-  """Tensors the worker received from the ps in one traced run of ``fetch``."""
-  with tf.compat.v1.Session(target, graph=g,
-                            config=support.session_config()) as sess:
-    sess.run(init)
-    sess.run(fetch)  # Registers the graph: its first run is not the one.
-    options = tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    metadata = tf.compat.v1.RunMetadata()
-    sess.run(fetch, options=options, run_metadata=metadata)
-  return sum(1 for dev in metadata.step_stats.dev_stats
-             if "/job:worker/" in dev.device
-             for node in dev.node_stats if node.node_name.startswith(
-                 "RecvTensor"))
 
 
 def test_one_tensor_crosses_per_ps_task():
@@ -139,7 +125,8 @@ def test_one_tensor_crosses_per_ps_task():
       values = _reads(variables, packed)
       total = tf.add_n([tf.reduce_sum(v) for v in values])
       init = tf.compat.v1.global_variables_initializer()
-    counts[packed] = _traced_recvs(cluster.worker_targets[0], g, total, init)
+    counts[packed] = support.traced_worker_recvs(
+        cluster.worker_targets[0], g, total, init)
   # Measured: 40 and 2 (one per ps task).
   assert counts == {False: 40, True: 2}, counts
 

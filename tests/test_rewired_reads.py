@@ -334,20 +334,6 @@ def test_reads_on_the_variables_task_and_control_inputs_stay(graph):
   assert all("packed_reads" in t.name for t in loss.op.inputs[0].op.inputs)
 
 
-def _traced_recvs(target, g, fetch, init):
-  """Tensors the worker received from the ps in one traced run of ``fetch``."""
-  with tf.compat.v1.Session(target, graph=g,
-                            config=support.session_config()) as sess:
-    sess.run(init)
-    sess.run(fetch)  # Registers the graph: its first run is not the one.
-    options = tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    metadata = tf.compat.v1.RunMetadata()
-    sess.run(fetch, options=options, run_metadata=metadata)
-  return sum(1 for dev in metadata.step_stats.dev_stats
-             if "/job:worker/" in dev.device
-             for node in dev.node_stats if node.node_name.startswith(
-                 "RecvTensor"))
 
 
 def test_one_tensor_crosses_per_ps_task():
@@ -367,8 +353,8 @@ def test_one_tensor_crosses_per_ps_task():
           _rewired_reads.rewire(grads_and_vars, scope="test/")
         fetch = [loss] + [grad for grad, _ in grads_and_vars]
         init = tf.compat.v1.global_variables_initializer()
-      counts[packed] = _traced_recvs(cluster.worker_targets[0], g, fetch,
-                                     init)
+      counts[packed] = support.traced_worker_recvs(
+          cluster.worker_targets[0], g, fetch, init)
   except BaseException:
     SHARED.discard()
     raise
