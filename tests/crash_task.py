@@ -69,6 +69,21 @@ def _wait_while_held(path, timeout=HOLD_TIMEOUT_SECS):
     time.sleep(0.05)
 
 
+def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
+  """Trains in one MonitoredTrainingSession until it says stop."""
+  with tf.compat.v1.train.MonitoredTrainingSession(**session_kwargs) as sess:
+    _emit(spec["out"], event="ready")
+    while not sess.should_stop():
+      _wait_while_held(spec.get("hold_file"))
+      # Random delays shuffle who arrives last, so that with backups no
+      # worker is dropped every time.
+      time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))
+      sess.run(train_op)
+      state["runs"] += 1
+      if not sess.should_stop():
+        sess.run(relabel)  # The step of the token just taken.
+
+
 def _worker(spec):
   task, workers = spec["task"], len(spec["cluster"]["worker"])
   cluster = tf.train.ClusterSpec(spec["cluster"])
@@ -109,24 +124,30 @@ def _worker(spec):
   config = tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=spec.get("op_timeout_ms", 90_000),
       device_filters=["/job:ps", "/job:worker/task:%d" % task])
-  runs = 0
-  rng = np.random.default_rng()
-  with tf.compat.v1.train.MonitoredTrainingSession(
+  session_kwargs = dict(
       master=server.target, is_chief=is_chief, hooks=hooks, config=config,
       checkpoint_dir=spec["checkpoint_dir"] if is_chief else None,
       save_checkpoint_steps=spec.get("checkpoint_steps", 5),
       save_checkpoint_secs=None, save_summaries_steps=None,
-      save_summaries_secs=None, log_step_count_steps=None) as sess:
-    _emit(spec["out"], event="ready")
-    while not sess.should_stop():
-      _wait_while_held(spec.get("hold_file"))
-      # Random delays shuffle who arrives last, so that with backups no
-      # worker is dropped every time.
-      time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))
-      sess.run(train_op)
-      runs += 1
-      if not sess.should_stop():
-        sess.run(relabel)  # The step of the token just taken.
+      save_summaries_secs=None, log_step_count_steps=None)
+  state = {"runs": 0}
+  rng = np.random.default_rng()
+  while True:
+    try:
+      _session_loop(spec, session_kwargs, train_op, relabel, rng, state)
+      break
+    except tf.errors.CancelledError as e:
+      # A ps restart that TensorFlow reports as a cancel (the restarted ps
+      # aborted the step while this worker's partition waited on a
+      # transfer): MonitoredSession recovers from the abort but not from
+      # this, and would end the process. A new session recovers, as
+      # docs/operations.md ("A restart reported as CancelledError") tells
+      # users to; CI met it once in the killed-ps test.
+      if not sync_replicas.is_recoverable_error(e):
+        raise
+      _emit(spec["out"], event="recreated",
+            error=(e.message or "").splitlines()[-3:])
+  runs = state["runs"]
   _emit(spec["out"], event="done", runs=runs)
 
 
