@@ -79,6 +79,12 @@ CLOSE_QUEUE_TIMEOUT_MS = 5000
 #: How often the remote runner checks whether the chief's own session was
 #: closed without a stop request, in seconds.
 SESSION_CHECK_SECS = 0.5
+#: How often the polling loop's blocking start (``PollingLoop``) reads the
+#: workers done, in seconds: a worker done waits at most this (plus the
+#: settle below) for the update that no longer needs its gradient.
+DONE_WATCH_SECS = 0.1
+#: Bound on opening the session that replaces a cancelled one, in seconds.
+RENEW_WAIT_SECS = 10.0
 #: How long a blocking run of the sync op must have been under way before its
 #: session is closed (``RunInFlight``), in seconds.
 CANCEL_SETTLE_SECS = 0.25
@@ -282,16 +288,99 @@ def warm_up(sess, fetch):
     _LOG.debug("warming up %s: %s", getattr(fetch, "name", fetch), e)
 
 
-class _LoopSession:
-  """The sync loop's own session as its closer sees it: closing it first
-  lets the run in flight settle (``RunInFlight``)."""
+class LoopSession:
+  """The sync loop's own session, shared by the loop and its closer.
 
-  def __init__(self, session, in_flight):
+  Closing it first lets the run in flight settle (``RunInFlight``). The
+  polling loop's blocking start (``PollingLoop``) also cancels its runs
+  once, by ``renew``: the session is closed and another opened in its
+  place, unless the closer closed it for good first.
+  """
+
+  def __init__(self, session, in_flight, *, config=None):
     self._session, self._in_flight = session, in_flight
+    self._config = config
+    self._lock = threading.Lock()
+    self._closed = False
+
+  @property
+  def session(self):
+    with self._lock:
+      return self._session
 
   def close(self):
+    with self._lock:
+      self._closed = True
+      session = self._session
     self._in_flight.settle(CANCEL_SETTLE_SECS)
-    self._session.close()
+    session.close()
+
+  def renew(self):
+    """Cancels the runs in flight (closing their session) and returns the
+    session opened in its place; None once ``close`` was called."""
+    self._in_flight.settle(CANCEL_SETTLE_SECS)
+    with self._lock:
+      if self._closed:
+        return None
+      old = self._session
+      self._session = tf.compat.v1.Session(
+          old.sess_str, graph=old.graph, config=self._config)
+    old.close()
+    return self._session
+
+
+class _DoneWatch:
+  """The polling loop's watcher while it blocks (``PollingLoop``): reads
+  the workers done every ``DONE_WATCH_SECS`` and, once ``switches(done)``,
+  renews the loop's session, which cancels the blocked take."""
+
+  def __init__(self, loop_sess, read_done, switches, coord):
+    self._loop_sess, self._read_done = loop_sess, read_done
+    self._switches, self._coord = switches, coord
+    self._lock = threading.Lock()
+    self._quit = threading.Event()
+    self._renewed = threading.Event()
+    self._session = None
+    #: Set once the watcher decided to renew: the loop starts no more runs.
+    self.switching = threading.Event()
+
+  def run(self):
+    while not self._coord.wait_for_stop(DONE_WATCH_SECS):
+      try:
+        done = self._read_done()
+      except Exception as e:  # pylint: disable=broad-except
+        # Closed on a stop, or a ps went away: the loop's run fails too.
+        _LOG.debug("the sync loop's watch for workers done ends: %s", e)
+        return
+      if not self._switches(done):
+        continue
+      with self._lock:
+        if self._quit.is_set():
+          return
+        self.switching.set()
+      _LOG.info("sync_replicas: %d worker(s) done: the sync loop leaves "
+                "its blocked take and polls from now on", done)
+      self._session = self._loop_sess.renew()  # None: closed for good.
+      self._renewed.set()
+      return
+
+  def switched(self):
+    """Whether the watcher switched; if not, it never will (the loop is
+    leaving for another reason)."""
+    with self._lock:
+      if not self.switching.is_set():
+        self._quit.set()
+      return self.switching.is_set()
+
+  def renewed_session(self):
+    """The session that replaced the cancelled one (None: the closer
+    closed it first); bounded, the renew waits at most the settle."""
+    if not self._renewed.wait(CANCEL_SETTLE_SECS + RENEW_WAIT_SECS):
+      raise RuntimeError(
+          "sync_replicas: the sync loop's session was not renewed within "
+          "%.0f s after a worker was done" % (
+              CANCEL_SETTLE_SECS + RENEW_WAIT_SECS))
+    return self._session
 
 
 class BlockingLoop:
@@ -309,7 +398,8 @@ class BlockingLoop:
   #: Workers that are done change nothing.
   data_end = None
 
-  def run_remote(self, runner, sess, coord, in_flight):
+  def run_remote(self, runner, loop_sess, coord, in_flight):
+    sess = loop_sess.session
     if runner.updates.pauses_for_saves:
       # A save may hold the updates back (make_checkpoint_saver_listener):
       # the op then runs only once it cannot block, as in process, so that
@@ -381,9 +471,57 @@ class PollingLoop:
     """A bool tensor: the deadline released this update (fewer were fed)."""
     return tf.less(self._num_required, self._full)
 
-  def run_remote(self, runner, sess, coord, in_flight):
-    del in_flight  # Its takes never wait: nothing is left pending.
+  def run_remote(self, runner, loop_sess, coord, in_flight):
+    sess = loop_sess.session
+    if (self.secs is None and self.data_end is not None
+        and not runner.updates.pauses_for_saves):
+      sess = self._block_until_done(runner, loop_sess, coord, in_flight)
+      if sess is None:
+        return
     self._poll(runner, sess, coord)
+
+  def _switches(self, done):
+    """Whether ``done`` workers done ask for polling: a full update may no
+    longer come, or the first one done stops the job."""
+    ends = self.data_end
+    return bool(done) and (ends.policy == _data_end.STOP_TOGETHER
+                           or ends.need(done) < self._full)
+
+  def _block_until_done(self, runner, loop_sess, coord, in_flight):
+    """Runs stock's blocking loop until a worker is done; returns the
+    session to poll on from then on, or None on a stop.
+
+    Polling costs every update a detection delay and a dispatch of the sync
+    op after it (the small model at W = 2 lost a third of its updates to
+    them), and is needed only once a worker is done: until then every
+    update gets its full count, as stock's does. A watcher reads the
+    workers done every ``DONE_WATCH_SECS``; once the next full update can
+    no longer come (``_switches``), it cancels the blocked take by
+    renewing the loop's session. No take can have completed then: the
+    gradients for the pending update come from the tokens the last update
+    released, one per worker not done, and the done worker's token is never
+    used, so no accumulator reaches the full count. (Spare tokens, which a
+    restarted chief's init brings, could let one through; the cancel then
+    waits until the run is ``CANCEL_SETTLE_SECS`` old.)
+    """
+    sess = loop_sess.session
+    read_done = sess.make_callable(self.data_end.done_count)
+    if self._switches(read_done()):
+      return sess
+    watch = _DoneWatch(loop_sess, read_done, self._switches, coord)
+    threading.Thread(target=watch.run, daemon=True,
+                     name="SyncQueueRunnerDoneWatch").start()
+    run_full = runner.sync_callable(sess)
+    try:
+      while not coord.should_stop() and not watch.switching.is_set():
+        in_flight.run(run_full)
+    except Exception:  # pylint: disable=broad-except
+      if not watch.switched():
+        raise
+    if not watch.switched():
+      return None
+    renewed = watch.renewed_session()
+    return None if coord.should_stop() else renewed
 
   def run_local(self, runner, sess, coord):
     self._poll(runner, sess, coord)
@@ -630,16 +768,17 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
           threading.Thread(target=_compat.queue_runner_closer(self),
                            args=(sess, self._close_ops(), coord),
                            name="SyncQueueRunnerStop-%s" % self.name)]
-    runner_sess = tf.compat.v1.Session(
-        sess.sess_str, graph=sess.graph, config=_compat.session_config(sess))
+    config = _compat.session_config(sess)
     in_flight = RunInFlight()
+    loop_sess = LoopSession(
+        tf.compat.v1.Session(sess.sess_str, graph=sess.graph, config=config),
+        in_flight, config=config)
     return [
         threading.Thread(target=self._run_remote,
-                         args=(sess, runner_sess, coord, in_flight),
+                         args=(sess, loop_sess, coord, in_flight),
                          name="SyncQueueRunner-%s" % self.name),
         threading.Thread(target=self._close_on_stop_remote,
-                         args=(sess, _LoopSession(runner_sess, in_flight),
-                               coord),
+                         args=(sess, loop_sess, coord),
                          name="SyncQueueRunnerStop-%s" % self.name)]
 
   # ---------------------------------------------------------------- loops
@@ -674,9 +813,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       return self.cancel_op
     return [self.cancel_op, self._extra_close_op]
 
-  def _run_remote(self, sess, runner_sess, coord, in_flight):
+  def _run_remote(self, sess, loop_sess, coord, in_flight):
     try:
-      self._loop.run_remote(self, runner_sess, coord, in_flight)
+      self._loop.run_remote(self, loop_sess, coord, in_flight)
     except Exception as e:  # pylint: disable=broad-except
       # Closing our session on stop cancels the op: expected, not an error.
       if not self._stopping(coord):
@@ -684,7 +823,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     finally:
       self._finish(sess)
 
-  def _close_on_stop_remote(self, sess, runner_sess, coord):
+  def _close_on_stop_remote(self, sess, loop_sess, coord):
     warm_up(sess, self.status.ready)  # The stop reads it: pay its prune now.
     # Stock's thread runs on the user's session, so closing that session
     # (without a stop request) cancels it; ours runs on its own session,
@@ -694,7 +833,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         _LOG.debug("the chief's session closed without a stop request: "
                     "closing the sync loop's session too")
         self._forget_runs(sess)
-        runner_sess.close()
+        loop_sess.close()
         return
     # Tokens first: workers waiting for one end now instead of at the op
     # timeout. Then our session: that cancels a take blocked on the ps.
@@ -711,7 +850,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       _LOG.info("sync_replicas: the chief stops on an error its session "
                 "recovers from: the token queue stays open for the session "
                 "that recovers")
-      runner_sess.close()
+      loop_sess.close()
       if state is not None:
         # Forgotten above: any session still followed is a newer one.
         _cancel_the_chiefs_runs(sess, state,
@@ -725,7 +864,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       _LOG.info("sync_replicas: the chief's session stops on an error in a "
                 "run, not at the end of training: the token queue stays "
                 "open for the session (or chief) that recovers")
-      runner_sess.close()
+      loop_sess.close()
       return
     try:
       sess.run(self.status.ready, options=options)
@@ -738,7 +877,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         sess.run(self._close_ops(), options=options)
       except Exception as e:  # pylint: disable=broad-except
         _LOG.debug("closing the token queue on stop: %s", e)
-    runner_sess.close()
+    loop_sess.close()
 
   def _run_local(self, sess, coord):
     try:

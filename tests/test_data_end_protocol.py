@@ -22,6 +22,7 @@ import tensorflow as tf
 import support
 import sync_replicas
 from sync_replicas import _data_end
+from sync_replicas import _runner
 from sync_replicas import _timeline_writer
 from sync_replicas.cli import status as status_tool
 
@@ -181,6 +182,33 @@ def test_a_step_limit_ends_the_job_as_before(caplog):
   assert step >= 5
   assert not [r for r in caplog.records if "its data ended" in r.getMessage()]
   assert all(r < 40 for r in runs), runs
+
+
+def test_the_chiefs_loop_blocks_as_stocks_until_a_worker_is_done(
+    monkeypatch, caplog):
+  # Polling cost the small model a third of its updates (tools/bench):
+  # until a worker is done every update gets its full count, so the loop
+  # runs stock's blocking takes, and polls only once the first worker is
+  # done (its blocked take cancelled, the gradients it waited for kept).
+  polled = []
+  poll = _runner.PollingLoop._poll
+
+  def spy(loop, runner, sess, coord):
+    polled.append(int(sess.run(runner.global_step)))
+    return poll(loop, runner, sess, coord)
+
+  monkeypatch.setattr(_runner.PollingLoop, "_poll", spy)
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    _run((40, 40, 40), last_step=5)
+  assert polled == []  # Nobody done: never polled.
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    step, trained, runs = _run((12, 4, 12))
+  # Worker 1's fourth batch went into update 3: the switch came after it.
+  assert len(polled) == 1 and polled[0] >= 4, polled
+  np.testing.assert_array_equal(trained, (12, 4, 12))
+  switches = [r for r in caplog.records
+              if "leaves its blocked take" in r.getMessage()]
+  assert len(switches) == 1, switches
 
 
 def test_stop_together_ends_every_worker_at_the_first_end(caplog):

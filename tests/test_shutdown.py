@@ -576,6 +576,24 @@ def test_the_close_lets_a_run_that_just_began_settle_first():
   assert not clock.slept
 
 
+def test_the_loop_session_renews_until_its_closer_closes_it():
+  # The polling loop's blocking start cancels its take once by renewing
+  # the loop's session; the closer must then close the new one, and a
+  # renew after the closer's close must not open a session nobody closes.
+  clock = _FakeClock()
+  in_flight = _runner.RunInFlight(clock=clock, sleep=clock.sleep)
+  first = tf.compat.v1.Session(graph=tf.Graph())
+  loop_sess = _runner.LoopSession(first, in_flight)
+  second = loop_sess.renew()
+  assert second is not first and loop_sess.session is second
+  with pytest.raises(RuntimeError, match="closed Session"):
+    first.run([])
+  loop_sess.close()
+  with pytest.raises(RuntimeError, match="closed Session"):
+    second.run([])
+  assert loop_sess.renew() is None
+
+
 def test_a_recovery_from_an_error_in_a_run_keeps_the_token_queue_open():
   # MonitoredSession recreates its session for an AbortedError raised by a
   # run; the coordinator's stop then carries no error and every ps is
