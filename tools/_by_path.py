@@ -25,11 +25,19 @@ def ports():
   return load("sync_replicas/_ports.py", "_sync_replicas_ports")
 
 
+#: Set by tools/knockout to its patched copy of the package: a child that
+#: imports this checkout imports that copy instead, so that the tests of
+#: process clusters see the knock-out as in-process tests do.
+KNOCKOUT_COPY_ENV = "SYNC_REPLICAS_KNOCKOUT_COPY"
+
+
 def child_pythonpath(environ=None):
-  """PYTHONPATH for a child that imports this checkout: ROOT first, then the
-  entries of ``environ`` (default: this process's), kept (./tools/test puts
+  """PYTHONPATH for a child that imports this checkout: ROOT first (after
+  tools/knockout's patched copy, when one is set), then the entries of
+  ``environ`` (default: this process's), kept (./tools/test puts
   tests/_hidden there, which hides scikit-learn from Keras:
   tools/_run_tests.py says why)."""
   environ = os.environ if environ is None else environ
+  first = [p for p in [environ.get(KNOCKOUT_COPY_ENV)] if p]
   return os.pathsep.join(
-      [str(ROOT)] + [p for p in [environ.get("PYTHONPATH")] if p])
+      first + [str(ROOT)] + [p for p in [environ.get("PYTHONPATH")] if p])
