@@ -14,10 +14,15 @@ sync optimizer is made before the model_fn, its hook goes to
   the wait without spending two minutes; ours runs with the real 120 s.
 * ps, chief and worker as separate processes under ``tools/launch``, each
   configured by TF_CONFIG: this file is also the program every task runs.
+  Once as it is, once with ``SYNC_REPLICAS_PACK_VARIABLE_READS=1`` in the
+  tasks' environment: Estimator.train with ``pack_variable_reads`` and no
+  edit to the model, its reads rewired (the option's log lines), training
+  and return as without it.
 """
 
 import argparse
 import functools
+import logging
 import os
 import pathlib
 import re
@@ -118,9 +123,14 @@ def _input_fn(seed, examples=64):
 
 
 def _model_fn(sync_opt):
+  # Two variables, not one: on a cluster both land on the one ps task, a
+  # pair that pack_variable_reads can pack (a variable alone on its task and
+  # dtype stays a plain read).
   def model_fn(features, labels, mode):
     w = tf.compat.v1.get_variable("w", [4], initializer=tf.zeros_initializer())
-    loss = tf.reduce_mean(tf.square(tf.linalg.matvec(features, w) - labels))
+    b = tf.compat.v1.get_variable("b", [], initializer=tf.zeros_initializer())
+    loss = tf.reduce_mean(
+        tf.square(tf.linalg.matvec(features, w) + b - labels))
     train_op = None
     if mode == ESTIMATOR.ModeKeys.TRAIN:
       train_op = sync_opt.minimize(
@@ -260,14 +270,23 @@ def test_one_replica_gives_stocks_numbers(tmp_path, monkeypatch):
 
 
 
-@pytest.mark.timeout(240)
-def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
+#: Where the tasks' log lines of pack_variable_reads go (docs/options.md):
+#: main() lowers this logger to DEBUG so that they reach the output.
+PACKED_READS_LOGGER = "tensorflow.sync_replicas._rewired_reads"
+PACKED_READS_ENV = "SYNC_REPLICAS_PACK_VARIABLE_READS"
+
+
+def _train_cluster(tmp_path, **environ):
+  """ps, chief and worker under tools/launch, each running main(); asserts
+  that train() returned promptly on both replicas with the step totals of
+  STEPS updates of 2 gradients. Returns the launcher's output."""
   # The Estimator imports Keras, which the tests' children lack otherwise.
   env = support.with_keras(dict(
       os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
       PYTHONPATH=support.pythonpath(ROOT)))
-  env.pop("TF_CONFIG", None)
-  env.pop("SYNC_REPLICAS_BACKUPS", None)
+  for name in ("TF_CONFIG", "SYNC_REPLICAS_BACKUPS", PACKED_READS_ENV):
+    env.pop(name, None)
+  env.update(environ)
   cmd = [sys.executable, str(ROOT / "tools" / "launch"), "--ps", "1",
          "--workers", "2", "--timeout", "150", "--", sys.executable,
          __file__, "--model_dir", str(tmp_path)]
@@ -298,6 +317,48 @@ def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
       "%d runs cannot make %d updates of 2 gradients:\n%s"
       % (total, STEPS, out[-4000:]))
   assert re.search(r"\[chief0\] global step %d" % STEPS, out), out[-4000:]
+  return out
+
+
+@pytest.mark.timeout(240)
+def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
+  out = _train_cluster(tmp_path)
+  # Off by default: the lines the next test checks come from its
+  # environment variable, not from main().
+  assert "pack_variable_reads:" not in out, out[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_estimator_train_packs_reads_from_the_environment(tmp_path):
+  """pack_variable_reads in Estimator.train on a real cluster, turned on by
+  the environment as for an unchanged script: no line of the model_fn or
+  of main() asks for it.
+
+  Proven here: both replicas' reads were rewired (the documented log lines,
+  which main() lets through), and training ends as without the option:
+  STEPS updates, each of 2 gradients, and train() returning promptly. Not
+  here: the numbers. With two replicas racing for tokens they depend on the
+  schedule, and the one-replica tests above run in-process, without a ps,
+  where nothing crosses and nothing packs. The bit-for-bit proof stays
+  tests/test_rewired_reads.py's parity test against stock, whose estimator
+  style calls such a model_fn itself (no Estimator.train) with one worker
+  and two ps tasks.
+  """
+  out = _train_cluster(tmp_path, **{PACKED_READS_ENV: "1"})
+  for task in ("chief0", "worker0"):
+    summary = re.findall(
+        r"\[%s\].*pack_variable_reads: (\d+) reads of (\d+) variables now "
+        r"cross as (\d+) packed reads" % task, out)
+    assert len(summary) == 1, "%s: %r\n%s" % (task, summary, out[-6000:])
+    reads, variables, packed = (int(n) for n in summary[0])
+    # w and b on the one ps task, one float dtype: one packed read, a part
+    # of which each read of them that crossed to this task now takes.
+    assert variables == 2 and packed == 1, (task, summary, out[-6000:])
+    rewired = re.findall(
+        r"\[%s\].*pack_variable_reads: rewired read \S+ of (\S+) " % task,
+        out)
+    assert len(rewired) == reads >= 2, (task, rewired, out[-6000:])
+    assert sorted(set(rewired)) == ["b", "w"], (task, rewired, out[-6000:])
 
 
 def main(argv=None):
@@ -308,6 +369,12 @@ def main(argv=None):
   parser.add_argument("--model_dir", required=True)
   _task.add_cluster_flags(parser)
   args = parser.parse_args(argv)
+  # Logging only, not the option: pack_variable_reads' own lines reach the
+  # output, one per rewired read and its INFO summary, if it is on.
+  logging.getLogger(PACKED_READS_LOGGER).setLevel(logging.DEBUG)
+  # Its first use gives TensorFlow's logger the handler (to stderr) that
+  # the child's lines go through.
+  tf.get_logger()
   task = _task.resolve(args)
   server = _task.start_server(task)
   if task.job_name == "ps":

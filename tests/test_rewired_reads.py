@@ -4,7 +4,12 @@
   ours and ``pack_variable_reads=True`` ends on the same values to the bit,
   for each way of building it (plain ``tf.compat.v1`` code on resource and
   on ref variables, Keras 2 layers from ``tf_keras``, tf-slim layers, an
-  Estimator's model_fn where TensorFlow still has the Estimator).
+  Estimator's model_fn where TensorFlow still has the Estimator). The
+  model_fn is called here directly and its train_op run, for the numbers;
+  ``Estimator.train`` itself with the option (turned on by the environment
+  variable, on a ps/chief/worker process cluster) is
+  tests/test_estimator.py's
+  ``test_estimator_train_packs_reads_from_the_environment``.
 * What is packed and what is left plain (huge, non-float, alone, under
   control dependencies, inside control flow, gathers), counted; partitioned
   variables' parts packed like any others.
@@ -111,7 +116,11 @@ STYLES = {
     "v1-ref": _v1_model(False),
     "keras": _keras_model,
     "slim": _slim_model,
-    "estimator": None,  # Built by the model_fn itself, below.
+    # Built by the model_fn itself, below, called without Estimator.train:
+    # the numbers need one replica on a ps cluster, which the Estimator's
+    # in-process tests lack. Estimator.train with the option is proven in
+    # tests/test_estimator.py (the packed-reads cluster test).
+    "estimator": None,
 }
 
 
