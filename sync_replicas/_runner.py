@@ -427,6 +427,10 @@ class PollingLoop:
     while not coord.should_stop():
       step, *counts = read()
       done = counts.pop(0) if ends is not None else 0
+      if done:
+        # The chief's memory of who is done (``DataEnd.restore``): a read
+        # of the record only when it holds someone new.
+        ends.remember(sess, done=done)
       have = min(counts)
       full = self._full if ends is None else ends.need(done)
       waited = runner.clock() - last_update
@@ -559,6 +563,21 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   @property
   def prompt_stop(self):
     return self._prompt_stop
+
+  def restore_workers_done(self, session):
+    """Puts back the record of the workers done on the ps if its task
+    restarted (``_data_end.DataEnd.restore``); returns the keys put back.
+
+    Call on every chief session before the initial tokens and before its
+    threads start (the hook does). Nothing without a ``data_end`` policy.
+    """
+    ends = self._loop.data_end
+    return [] if ends is None else ends.restore(session)
+
+  def workers_seen_done(self):
+    """``{key: batches}`` of the workers this process saw done."""
+    ends = self._loop.data_end
+    return {} if ends is None else ends.seen_done()
 
   def sync_callable(self, sess, feed_list=None):
     """A callable that runs the sync op once, as the loops do (recording the

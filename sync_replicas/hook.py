@@ -122,6 +122,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           "local_init. Init op: %s, error: %s"
           % (self._local_init_op.name, msg))
     session.run(self._local_init_op)
+    if self._q_runner is not None:
+      # Before any token and before the loop: an update must not wait for
+      # a worker whose end a restarted ps forgot (data_end).
+      self._q_runner.restore_workers_done(session)
     if self._timeline is not None:
       self._timeline.session_started(session)
     if self._init_tokens_op is not None:
