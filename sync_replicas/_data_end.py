@@ -6,7 +6,9 @@ checkpointed: it lives as long as that ps task, and the chief process keeps
 a copy that puts it back when the task restarted), a worker's key in it, how
 many gradients an update needs once some workers are done, how many tokens
 the chief releases then, and the announcement a worker makes when its input
-ends (with the chief's wait for the others that follows it).
+ends (with the chief's wait for the others that follows it). Beside the
+record, on the same device, every worker's local step (``_step_record``),
+which the chief's stall line lists with the workers done.
 
 Stock knows nothing of a worker's end: a worker whose one-pass input raises
 ``OutOfRangeError`` leaves, and every later update still waits for
@@ -43,6 +45,8 @@ import time
 import typing
 
 import tensorflow as tf
+
+from sync_replicas import _step_record
 
 _LOG = logging.getLogger(__name__)
 
@@ -135,6 +139,7 @@ class NoDataEnd:
     return generations.encode
 
 
+
 class DataEnd:
   """``"train_all"`` or ``"stop_together"``: the done record and its reads.
 
@@ -166,6 +171,9 @@ class DataEnd:
     self.done_count = self.done_keys = self.is_closed = None
     self._key = self._batches = self._announce = None
     self._restore_keys = self._restore_batches = self._restore = None
+    #: Every worker's local step on the ps, for the chief's stall line.
+    self.local_steps = _step_record.LocalStepRecord(
+        shared_prefix=shared_prefix, total_num_replicas=total_num_replicas)
     # The chief's memory of the record: key -> batches of every worker this
     # process saw done. The record lives on one ps task; a restart of that
     # task empties it, and the workers that were done have exited and
@@ -176,6 +184,7 @@ class DataEnd:
   def build(self, *, device, scope, token_queue, local_step):
     """The done record and the ops that read and write it."""
     self.key, self.who = worker_key(local_step.device)
+    self.local_steps.build(device=device, scope=scope, key=self.key)
     with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
       # A table, not a variable: no Saver, readiness check or checkpoint
       # sees it, and it lives as long as the ps task, across chief restarts;
@@ -437,11 +446,10 @@ def read_done(sess, ends):
   return sorted(int(k) for k in keys)
 
 
-def stall_part(sess, ends, replicas_to_aggregate):
+def stall_part(done, ends, replicas_to_aggregate):
   """The stall line's data-end part: ``(gradients the update needs, text)``,
   the text empty without a ``data_end`` policy (``ends`` None) or a record
-  that cannot be read."""
-  done = read_done(sess, ends)
+  that could not be read (``done``, from ``read_done``, None)."""
   if done is None:
     return replicas_to_aggregate, ""
   return ends.need(len(done)), "; " + done_clause(
@@ -528,6 +536,24 @@ class AnnouncesDataEnd:
         should_stop=should_stop or (lambda: False),
         no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
         log_secs=o.stall_log_secs)
+
+  def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
+    """Not in stock: what a worker's hook adds to a session run of
+    ``fetches``, or None.
+
+    With a ``data_end`` policy, a run that trains (its fetches reach the
+    train op) also records this worker's new local step on the ps, where
+    the chief's stall line reads every worker's (docs/data_end.md); the
+    hook adds it by itself. None for any other run, and with
+    ``data_end="stock"``.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self
+    _ = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    return ends.local_steps.fetches_for(fetches) if ends.enabled else None
 
 
 def make(options, *, shared_prefix):

@@ -564,20 +564,10 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   def prompt_stop(self):
     return self._prompt_stop
 
-  def restore_workers_done(self, session):
-    """Puts back the record of the workers done on the ps if its task
-    restarted (``_data_end.DataEnd.restore``); returns the keys put back.
-
-    Call on every chief session before the initial tokens and before its
-    threads start (the hook does). Nothing without a ``data_end`` policy.
-    """
-    ends = self._loop.data_end
-    return [] if ends is None else ends.restore(session)
-
-  def workers_seen_done(self):
-    """``{key: batches}`` of the workers this process saw done."""
-    ends = self._loop.data_end
-    return {} if ends is None else ends.seen_done()
+  @property
+  def data_end(self):
+    """The ``_data_end.DataEnd`` the loop follows; None without a policy."""
+    return self._loop.data_end
 
   def sync_callable(self, sess, feed_list=None):
     """A callable that runs the sync op once, as the loops do (recording the
@@ -787,15 +777,24 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
+      ends = self._loop.data_end
+      done = _data_end.read_done(sess, ends)
       needed, done_clause = _data_end.stall_part(
-          sess, self._loop.data_end, self.replicas_to_aggregate)
+          done, ends, self.replicas_to_aggregate)
+      # The workers' own record on the ps, where a data_end policy keeps
+      # one; else each worker task's local step, which device filters may
+      # hide from the chief.
+      local_steps = (ends.local_steps.read(sess, done)
+                     if ends is not None and done is not None else None)
+      if local_steps is None:
+        local_steps = _read_local_steps(sess, self._local_step,
+                                        self._local_steps)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
           replicas_to_aggregate=needed,
           global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=_read_local_steps(sess, self._local_step,
-                                        self._local_steps)) + done_clause
+          local_steps=local_steps) + done_clause
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         self._report(coord, _stall_error(
             waited, self._stall_timeout_secs, what,

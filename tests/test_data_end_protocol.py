@@ -467,7 +467,7 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
       sessions[2].run(jobs[2].train_op)
     sessions[2].close()  # A normal end: the hook records worker 2 done.
     # The chief's loop sees the count grow and remembers the key.
-    support.wait_until(lambda: runner.workers_seen_done() == {2: 1},
+    support.wait_until(lambda: runner.data_end.seen_done() == {2: 1},
                        timeout=30, what="the chief to see worker 2 done")
     assert _forget_the_workers_done(jobs[0].target) == 0
     abort.ask()
@@ -478,7 +478,7 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
       sessions[0].run(jobs[0].train_op)
     assert abort.raised
     assert any("put back keys 2" in r.getMessage() for r in caplog.records)
-    assert runner.workers_seen_done() == {2: 1}
+    assert runner.data_end.seen_done() == {2: 1}
     # The recovered session initialized the model again (no checkpoint),
     # as after a real ps restart without one: global step 0. Worker 1
     # pushes once stale (its local step is of the chief's previous
@@ -491,4 +491,50 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
     np.testing.assert_array_equal(_trained(cluster, 3)[1], [1, 1, 0])
   finally:
     for sess in sessions[:2]:
+      sess.close()
+
+
+def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
+  """Each worker's session sees only the ps and itself (README's
+  device_filters), so the chief cannot read the others' local steps from
+  their tasks. The stall line still names every worker's, from the record
+  on the ps that each train run writes, and which are done: worker 2's
+  input ended, worker 1 stops pushing without ending (as a crashed worker
+  would) and keeps its last step."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+          for t, n in enumerate((5, 5, 1))]
+  sessions, chief = [], None
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  try:
+    for job in jobs:
+      config = support.session_config()
+      config.device_filters.extend(
+          ["/job:ps", "/job:worker/task:%d" % job.task])
+      with job.graph.as_default():
+        sessions.append(tf.compat.v1.train.MonitoredTrainingSession(
+            master=job.target, is_chief=job.is_chief, hooks=job.hooks,
+            config=config, stop_grace_period_secs=1,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None))
+    support.run_concurrently([(s.run, j.train_op)
+                              for s, j in zip(sessions, jobs, strict=True)])
+    with pytest.raises(tf.errors.OutOfRangeError):
+      sessions[2].run(jobs[2].train_op)
+    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                  name="chief-step")
+    chief.start()
+    # Every worker took the token of step 1 (its local step) in its one
+    # train run; the chief's second run waits for its next token.
+    expected = "workers' local steps: key 0 1, key 1 1, key 2 1 (done)"
+    support.wait_until(
+        lambda: any(expected in r.getMessage() for r in caplog.records),
+        timeout=30, what="a stall line naming every worker")
+  finally:
+    if chief is not None:
+      # Worker 1 is back: the update lands and the chief's run returns.
+      sessions[1].run(jobs[1].train_op)
+      chief.finish(timeout=30)
+    for sess in reversed(sessions[:2]):
       sess.close()
