@@ -2,10 +2,13 @@
 
 Owns the ``data_end`` policies, the record of which workers are done (a hash
 table on the global step's device, in our own name scope, never
-checkpointed), a worker's key in it, how many gradients an update needs once
-some workers are done, how many tokens the chief releases then, and the
-announcement a worker makes when its input ends (with the chief's wait for
-the others that follows it).
+checkpointed: it lives as long as that ps task, and the chief process keeps
+a copy that puts it back when the task restarted), a worker's key in it, how
+many gradients an update needs once some workers are done, how many tokens
+the chief releases then, and the announcement a worker makes when its input
+ends (with the chief's wait for the others that follows it). Beside the
+record, on the same device, every worker's local step (``_step_record``),
+which the chief's stall line lists with the workers done.
 
 Stock knows nothing of a worker's end: a worker whose one-pass input raises
 ``OutOfRangeError`` leaves, and every later update still waits for
@@ -37,10 +40,13 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 import typing
 
 import tensorflow as tf
+
+from sync_replicas import _step_record
 
 _LOG = logging.getLogger(__name__)
 
@@ -133,6 +139,7 @@ class NoDataEnd:
     return generations.encode
 
 
+
 class DataEnd:
   """``"train_all"`` or ``"stop_together"``: the done record and its reads.
 
@@ -163,13 +170,25 @@ class DataEnd:
     self.key = self.who = None
     self.done_count = self.done_keys = self.is_closed = None
     self._key = self._batches = self._announce = None
+    self._restore_keys = self._restore_batches = self._restore = None
+    #: Every worker's local step on the ps, for the chief's stall line.
+    self.local_steps = _step_record.LocalStepRecord(
+        shared_prefix=shared_prefix, total_num_replicas=total_num_replicas)
+    # The chief's memory of the record: key -> batches of every worker this
+    # process saw done. The record lives on one ps task; a restart of that
+    # task empties it, and the workers that were done have exited and
+    # cannot say it again, so the chief puts them back (``restore``).
+    self._seen = {}
+    self._seen_lock = threading.Lock()
 
   def build(self, *, device, scope, token_queue, local_step):
     """The done record and the ops that read and write it."""
     self.key, self.who = worker_key(local_step.device)
+    self.local_steps.build(device=device, scope=scope, key=self.key)
     with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
       # A table, not a variable: no Saver, readiness check or checkpoint
-      # sees it, and it lives as long as the ps task, across chief restarts.
+      # sees it, and it lives as long as the ps task, across chief restarts;
+      # across a restart of the ps task, the chief puts it back (restore).
       table = tf.raw_ops.MutableHashTableV2(
           shared_name=self.shared_name, use_node_name_sharing=False,
           key_dtype=tf.int64, value_dtype=tf.int64, name="done_workers")
@@ -185,6 +204,13 @@ class DataEnd:
       self._announce = tf.raw_ops.LookupTableInsertV2(
           table_handle=table, keys=tf.reshape(self._key, [1]),
           values=tf.reshape(self._batches, [1]), name="announce_done")
+      self._restore_keys = tf.compat.v1.placeholder(
+          tf.int64, [None], name="restore_keys")
+      self._restore_batches = tf.compat.v1.placeholder(
+          tf.int64, [None], name="restore_batches")
+      self._restore = tf.raw_ops.LookupTableInsertV2(
+          table_handle=table, keys=self._restore_keys,
+          values=self._restore_batches, name="restore_done")
       # Whether the job already ended (the chief closed the token queue):
       # a worker's run then raises OutOfRange too, and its input may not be
       # over at all.
@@ -263,11 +289,84 @@ class DataEnd:
                              # (announce_data_end's batches=None).
                              self._batches: -1 if batches is None
                              else batches})
-      return int(session.run(self.done_count, options=options))
+      done = int(session.run(self.done_count, options=options))
     except tf.errors.OpError as e:
       _LOG.info("sync_replicas: %s could not record that its data ended "
                 "(%s): the job is probably over", self.who, type(e).__name__)
       return None
+    # The chief's own end: no poll of its loop may see it before a restart
+    # of the record's ps task.
+    self._keep([self.key], [-1 if batches is None else batches])
+    return done
+
+  def _keep(self, keys, batches):
+    with self._seen_lock:
+      for key, value in zip(keys, batches, strict=True):
+        self._seen[int(key)] = int(value)
+      return len(self._seen)
+
+  def seen_done(self):
+    """``{key: batches}`` of every worker this process saw done: its own
+    announcement and what ``remember`` read."""
+    with self._seen_lock:
+      return dict(self._seen)
+
+  def remember(self, session, *, done):
+    """Keeps every key of the record, read now, if ``done`` (the count the
+    caller just read) says it holds one this process has not seen.
+
+    The chief's loop calls it on each poll: one read of the record per
+    worker that becomes done, none otherwise.
+    """
+    with self._seen_lock:
+      if done <= len(self._seen):
+        return
+    keys, batches = session.run(
+        self.done_keys,
+        options=tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
+    self._keep(keys, batches)
+
+  def restore(self, session):
+    """Puts back on the ps every worker this process saw done; returns the
+    keys put back.
+
+    The chief's hook calls it on every session it creates, before the
+    initial tokens and the sync loop: a ps task that restarted lost the
+    record, and the loop would wait for gradients of workers that have
+    exited. It first keeps what the record holds (a chief that restarted
+    learns it here), then inserts every remembered key the record lacks
+    (inserting a key again only rewrites its batches). One read, and one
+    write only when something was lost.
+
+    Raises:
+      tf.errors.UnavailableError, tf.errors.AbortedError: The ps is not
+        reachable: MonitoredSession creates the session again, and this
+        runs again.
+    """
+    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+    try:
+      keys, batches = session.run(self.done_keys, options=options)
+      self._keep(keys, batches)
+      seen = self.seen_done()
+      lost = sorted(set(seen) - {int(k) for k in keys})
+      if not lost:
+        return []
+      session.run(self._restore, options=options, feed_dict={
+          self._restore_keys: lost,
+          self._restore_batches: [seen[k] for k in lost]})
+    except (tf.errors.UnavailableError, tf.errors.AbortedError):
+      raise
+    except tf.errors.OpError as e:
+      _LOG.warning("sync_replicas: the chief could not check the record of "
+                   "the workers done on the ps (%s): if that ps task "
+                   "restarted, updates may wait for workers that are done",
+                   e)
+      return []
+    _LOG.info("sync_replicas: the record of the workers done on the ps held "
+              "%d of the %d the chief saw done (its ps task restarted?): "
+              "put back keys %s", len(keys), len(seen),
+              ", ".join(str(k) for k in lost))
+    return lost
 
   def log_done(self, *, batches, done, is_chief):
     """The one line a worker logs when its data ends."""
@@ -347,11 +446,10 @@ def read_done(sess, ends):
   return sorted(int(k) for k in keys)
 
 
-def stall_part(sess, ends, replicas_to_aggregate):
+def stall_part(done, ends, replicas_to_aggregate):
   """The stall line's data-end part: ``(gradients the update needs, text)``,
   the text empty without a ``data_end`` policy (``ends`` None) or a record
-  that cannot be read."""
-  done = read_done(sess, ends)
+  that could not be read (``done``, from ``read_done``, None)."""
   if done is None:
     return replicas_to_aggregate, ""
   return ends.need(len(done)), "; " + done_clause(
@@ -438,6 +536,24 @@ class AnnouncesDataEnd:
         should_stop=should_stop or (lambda: False),
         no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
         log_secs=o.stall_log_secs)
+
+  def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
+    """Not in stock: what a worker's hook adds to a session run of
+    ``fetches``, or None.
+
+    With a ``data_end`` policy, a run that trains (its fetches reach the
+    train op) also records this worker's new local step on the ps, where
+    the chief's stall line reads every worker's (docs/data_end.md); the
+    hook adds it by itself. None for any other run, and with
+    ``data_end="stock"``.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self
+    _ = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    return ends.local_steps.fetches_for(fetches) if ends.enabled else None
 
 
 def make(options, *, shared_prefix):

@@ -35,9 +35,12 @@ READ_TIMEOUT_MS = 2000
 # device: the device it has in this graph ("" when unplaced).
 LocalStepSpec = collections.namedtuple(
     "LocalStepSpec", ["name", "dtype", "resource", "device"])
-# device: the task read; step: its local step, or None with ``error`` saying
-# why it could not be read.
-LocalStep = collections.namedtuple("LocalStep", ["device", "step", "error"])
+# device: the task read (or the worker's key in the ps's record); step: its
+# local step, or None with ``error`` saying why it could not be read; done:
+# its input ended (data_end), so it pushes no more and is never stale.
+LocalStep = collections.namedtuple("LocalStep",
+                                   ["device", "step", "error", "done"],
+                                   defaults=(False,))
 
 
 def local_step_spec(local_step):
@@ -243,15 +246,17 @@ def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
       generation * _restart.GENERATION_STRIDE if generations else 0)
   shown, stale, fresh = [], [], []
   for reading in local_steps:
+    done = " (done)" if reading.done else ""
     if reading.step is None:
-      shown.append("%s %s" % (reading.device, reading.error))
+      shown.append("%s %s%s" % (reading.device, reading.error, done))
       continue
     gen, plain = _restart.decode(reading.step, generations)
     label = "%s %d" % (reading.device, plain)
     if gen != generation:
       label += " (generation %d, current %d)" % (gen, generation)
-    shown.append(label)
-    (stale if reading.step < current else fresh).append(reading.device)
+    shown.append(label + done)
+    if not reading.done:
+      (stale if reading.step < current else fresh).append(reading.device)
   text = "workers' local steps: " + ", ".join(shown)
   if stale:
     text += ("; every push from %s is stale (local step behind global step "
@@ -260,7 +265,8 @@ def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
       text += (": no worker can push a fresh gradient and no token is "
                "queued, so no update can happen")
   elif waiting and tokens == 0 and starts == 0 and all(
-      r.step == current for r in local_steps if r.step is not None):
+      r.step == current for r in local_steps
+      if r.step is not None and not r.done):
     # Workers hold the newest token, yet nothing accumulates: if they still
     # push, the accumulators' own step is ahead of the global step.
     text += ("; if these workers still train, their pushes are dropped: the "

@@ -565,6 +565,10 @@ class PollingLoop:
     while not coord.should_stop():
       step, *counts = read()
       done = counts.pop(0) if ends is not None else 0
+      if done:
+        # The chief's memory of who is done (``DataEnd.restore``): a read
+        # of the record only when it holds someone new.
+        ends.remember(sess, done=done)
       have = min(counts)
       full = self._full if ends is None else ends.need(done)
       waited = runner.clock() - last_update
@@ -697,6 +701,11 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   @property
   def prompt_stop(self):
     return self._prompt_stop
+
+  @property
+  def data_end(self):
+    """The ``_data_end.DataEnd`` the loop follows; None without a policy."""
+    return self._loop.data_end
 
   def sync_callable(self, sess, feed_list=None):
     """A callable that runs the sync op once, as the loops do (recording the
@@ -907,15 +916,24 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
+      ends = self._loop.data_end
+      done = _data_end.read_done(sess, ends)
       needed, done_clause = _data_end.stall_part(
-          sess, self._loop.data_end, self.replicas_to_aggregate)
+          done, ends, self.replicas_to_aggregate)
+      # The workers' own record on the ps, where a data_end policy keeps
+      # one; else each worker task's local step, which device filters may
+      # hide from the chief.
+      local_steps = (ends.local_steps.read(sess, done)
+                     if ends is not None and done is not None else None)
+      if local_steps is None:
+        local_steps = _read_local_steps(sess, self._local_step,
+                                        self._local_steps)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
           replicas_to_aggregate=needed,
           global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=_read_local_steps(sess, self._local_step,
-                                        self._local_steps)) + done_clause
+          local_steps=local_steps) + done_clause
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         self._report(coord, _stall_error(
             waited, self._stall_timeout_secs, what,

@@ -31,6 +31,7 @@ import time
 import tensorflow as tf
 
 from sync_replicas import _timeline_writer
+from sync_replicas import _train_runs
 
 #: Read by the optimizer's constructor when ``timeline_dir`` is None, so that
 #: a script run unchanged (``python -m sync_replicas.patch``) can turn it on.
@@ -132,28 +133,12 @@ class Timeline:
         "token": self._stamp([got, pushed], "token_at", device),
         "got": got,
     }
-    self._train_op = getattr(train_op, "op", train_op)
-    self._verdicts = {}
+    self._train_runs = _train_runs.TrainRuns(train_op)
 
   def runs_train_op(self, fetches):
-    """Whether a run of ``fetches`` runs the train op.
-
-    True when a fetched element is the train op or reaches it within
-    ``_REACH`` steps back through inputs and control inputs: tf-slim's
-    train op is the loss behind a control dependency on ours, an Estimator's
-    or a script's may be a ``tf.group`` of it. Each fetched op's answer is
-    kept: the graph is final while a session runs.
-    """
-    for element in tf.nest.flatten(fetches):
-      op = getattr(element, "op", element)
-      if not isinstance(op, tf.Operation):
-        continue
-      verdict = self._verdicts.get(op)
-      if verdict is None:
-        verdict = self._verdicts[op] = _reaches(op, self._train_op)
-      if verdict:
-        return True
-    return False
+    """Whether a run of ``fetches`` runs the train op
+    (``_train_runs.TrainRuns``)."""
+    return self._train_runs.runs_train_op(fetches)
 
   def chief(self, aggregated, update_op, released, global_step):
     """The chief's marks: takes returned, update applied, tokens released."""
@@ -221,26 +206,6 @@ def chief_callable(timeline, sess, sync_op, *, feed_list=None):
 def build(directory, **kwargs):
   """``Timeline(directory, **kwargs)``, or ``NoTimeline`` for None."""
   return Timeline(directory, **kwargs) if directory else NoTimeline()
-
-
-#: How far back from a fetched op ``runs_train_op`` looks for the train op.
-_REACH = 4
-
-
-def _reaches(op, target):
-  """Whether ``target`` is ``op`` or among its inputs, ``_REACH`` deep."""
-  frontier, seen = [op], {op}
-  for _ in range(_REACH + 1):
-    if target in frontier:
-      return True
-    following = []
-    for node in frontier:
-      for before in list(node.control_inputs) + [t.op for t in node.inputs]:
-        if before not in seen:
-          seen.add(before)
-          following.append(before)
-    frontier = following
-  return False
 
 
 def gradient_tensors(grads_and_vars):

@@ -30,6 +30,8 @@ _LOG = logging.getLogger(__name__)
 #: It ends once its own session closed, a few seconds at most even with a
 #: ps unreachable (the token queue's close is bounded at 5 s).
 EARLIER_LOOP_TIMEOUT_SECS = 30
+#: The key of the local-step record among the hook's fetches.
+_LOCAL_STEP_KEY = "sync_replicas_local_step"
 
 
 class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
@@ -122,6 +124,12 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           "local_init. Init op: %s, error: %s"
           % (self._local_init_op.name, msg))
     session.run(self._local_init_op)
+    if self._q_runner is not None:
+      # Before any token and before the loop: an update must not wait for
+      # a worker whose end a restarted ps forgot (data_end).
+      ends = self._q_runner.data_end
+      if ends is not None:
+        ends.restore(session)
     if self._timeline is not None:
       self._timeline.session_started(session)
     if self._init_tokens_op is not None:
@@ -145,6 +153,12 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
              if self._timeline is not None else None)
     if marks:
       fetches[_timeline_hook.KEY] = marks
+    record = self._sync_optimizer.data_end_fetches(
+        run_context.original_args.fetches)
+    if record is not None:
+      # This worker's new local step, kept on the ps by the run's own ps
+      # partition, for the chief's stall line (data_end).
+      fetches[_LOCAL_STEP_KEY] = record
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(
@@ -155,6 +169,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     if self._run_state is not None:
       self._run_state.in_run = False
     results = dict(run_values.results or {})
+    results.pop(_LOCAL_STEP_KEY, None)
     if self._timeline is not None:
       self._timeline.after_run(results.pop(_timeline_hook.KEY, None))
     if self._stats_logger is not None:

@@ -524,6 +524,8 @@ class _Build:
       train_op = tf.compat.v1.assign(self.local_step, step)
     self.timeline.worker(self.gradients, self.routes.pushes, token,
                          self.local_step, train_op=train_op)
+    if self.data_end.enabled:
+      self.data_end.local_steps.record(token, train_op=train_op)
     return train_op
 
   def chief_sync_op(self):

@@ -432,3 +432,137 @@ def test_the_stall_line_names_the_workers_done(caplog):
       chief.finish(timeout=30)
     for sess in reversed(sessions[:2]):
       sess.close()
+
+
+class _AbortWhenAsked(tf.compat.v1.train.SessionRunHook):
+  """Raises AbortedError before the next run once ``ask()`` was called, as
+  a run whose ps restarted does: MonitoredSession then creates the session
+  again and runs it there. Listed after the optimizer's hook, whose
+  ``before_run`` then saw a run begin that did not return (as when the
+  run itself raised): the chief's runner keeps the token queue open."""
+
+  def __init__(self):
+    self._asked = self.raised = False
+
+  def ask(self):
+    self._asked = True
+
+  def before_run(self, run_context):
+    del run_context
+    if self._asked and not self.raised:
+      self.raised = True
+      raise tf.errors.AbortedError(None, None, "a ps restarted (test)")
+
+
+def _forget_the_workers_done(target, shared_name="sync_replicas_done"):
+  """Empties the done record on the ps, as a restart of its task would;
+  returns its size afterwards."""
+  with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:0"):
+      table = tf.raw_ops.MutableHashTableV2(
+          shared_name=shared_name, use_node_name_sharing=False,
+          key_dtype=tf.int64, value_dtype=tf.int64)
+      keys, _ = tf.raw_ops.LookupTableExportV2(
+          table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64)
+      with tf.control_dependencies([tf.raw_ops.LookupTableRemoveV2(
+          table_handle=table, keys=keys)]):
+        size = tf.raw_ops.LookupTableSizeV2(table_handle=table)
+    with tf.compat.v1.Session(target, config=support.session_config()) as s:
+      return int(s.run(size))
+
+
+def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
+  """Worker 2's input ends; the record on the ps is then emptied, as a
+  restart of its task does. The chief's next session (MonitoredSession
+  recovering) puts worker 2 back before its first token, so an update needs
+  2 gradients again: without that, it would wait for worker 2's for good."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=3, batches=n)
+          for t, n in enumerate((20, 20, 1))]
+  abort = _AbortWhenAsked()
+  jobs[0].hooks.append(abort)
+  runner = jobs[0].opt.get_chief_queue_runner()
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  sessions = []
+  try:
+    for job in jobs:
+      with job.graph.as_default():
+        sessions.append(support.monitored_session(
+            job.target, is_chief=job.is_chief, hooks=job.hooks))
+    support.run_concurrently([(s.run, j.train_op)
+                              for s, j in zip(sessions, jobs, strict=True)])
+    with pytest.raises(tf.errors.OutOfRangeError):
+      sessions[2].run(jobs[2].train_op)
+    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    # The chief's loop sees the count grow and remembers the key.
+    support.wait_until(lambda: runner.data_end.seen_done() == {2: 1},
+                       timeout=30, what="the chief to see worker 2 done")
+    assert _forget_the_workers_done(jobs[0].target) == 0
+    abort.ask()
+    # Aborts before the run; the recovered session runs it: a fresh push
+    # (the chief's local step is of its new generation) and one of the
+    # restarted chief's initial tokens.
+    with jobs[0].graph.as_default():  # The recovery builds a Scaffold.
+      sessions[0].run(jobs[0].train_op)
+    assert abort.raised
+    assert any("put back keys 2" in r.getMessage() for r in caplog.records)
+    assert runner.data_end.seen_done() == {2: 1}
+    # The recovered session initialized the model again (no checkpoint),
+    # as after a real ps restart without one: global step 0. Worker 1
+    # pushes once stale (its local step is of the chief's previous
+    # generation), then fresh: with worker 2 put back, that push completes
+    # the update (2 of 2 needed), which averages its and the chief's.
+    for _ in range(2):
+      support.run_concurrently([(sessions[1].run, jobs[1].train_op)])
+    support.wait_until(lambda: _trained(cluster, 3)[0] == 1, timeout=30,
+                       what="an update of 2 gradients")
+    np.testing.assert_array_equal(_trained(cluster, 3)[1], [1, 1, 0])
+  finally:
+    for sess in sessions[:2]:
+      sess.close()
+
+
+def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
+  """Each worker's session sees only the ps and itself (README's
+  device_filters), so the chief cannot read the others' local steps from
+  their tasks. The stall line still names every worker's, from the record
+  on the ps that each train run writes, and which are done: worker 2's
+  input ended, worker 1 stops pushing without ending (as a crashed worker
+  would) and keeps its last step."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+          for t, n in enumerate((5, 5, 1))]
+  sessions, chief = [], None
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  try:
+    for job in jobs:
+      config = support.session_config()
+      config.device_filters.extend(
+          ["/job:ps", "/job:worker/task:%d" % job.task])
+      with job.graph.as_default():
+        sessions.append(tf.compat.v1.train.MonitoredTrainingSession(
+            master=job.target, is_chief=job.is_chief, hooks=job.hooks,
+            config=config, stop_grace_period_secs=1,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None))
+    support.run_concurrently([(s.run, j.train_op)
+                              for s, j in zip(sessions, jobs, strict=True)])
+    with pytest.raises(tf.errors.OutOfRangeError):
+      sessions[2].run(jobs[2].train_op)
+    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                  name="chief-step")
+    chief.start()
+    # Every worker took the token of step 1 (its local step) in its one
+    # train run; the chief's second run waits for its next token.
+    expected = "workers' local steps: key 0 1, key 1 1, key 2 1 (done)"
+    support.wait_until(
+        lambda: any(expected in r.getMessage() for r in caplog.records),
+        timeout=30, what="a stall line naming every worker")
+  finally:
+    if chief is not None:
+      # Worker 1 is back: the update lands and the chief's run returns.
+      sessions[1].run(jobs[1].train_op)
+      chief.finish(timeout=30)
+    for sess in reversed(sessions[:2]):
+      sess.close()

@@ -186,6 +186,19 @@ def test_verdict_text(local, tokens, starts, want):
     assert want in text
 
 
+def test_verdict_marks_the_workers_done_and_never_calls_them_stale():
+  # Readings from the ps's record (data_end): a worker whose input ended
+  # pushes no more, whatever its last local step.
+  text = _diagnose.verdict(
+      names=["v"], counts=[0], tokens=0, replicas_to_aggregate=1,
+      global_step=7, starts=1, generations=True,
+      local_steps=[_diagnose.LocalStep("key 0", 7, None),
+                   _diagnose.LocalStep("key 1", 5, None, done=True),
+                   _diagnose.LocalStep("key 2", None, "no step yet")])
+  assert text.endswith("workers' local steps: key 0 7, key 1 5 (done), "
+                       "key 2 no step yet"), text
+
+
 def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
   """``sync-replicas-status`` reads the same local steps and prints the same
   words."""

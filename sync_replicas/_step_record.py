@@ -1,0 +1,108 @@
+"""Every worker's local step, recorded on the ps for the chief's stall line.
+
+Owns a hash table in our own name scope on the global step's device (key:
+the worker's ``_data_end.worker_key``, value: the token its last train run
+took, which is its local step), the insert a worker's hook runs with each
+train run, and the chief's read of it. Built with a ``data_end`` policy
+only.
+
+Without it the chief reads each worker task's ``sync_rep_local_step``
+(``_diagnose.LocalStepReader``), which ``device_filters`` hide from the
+chief (the README recommends filters that show each worker only the ps
+tasks and itself): the stall line then named the chief alone. On the ps
+every worker's step is there, a worker that crashed keeps its last one,
+and the done record says which have ended.
+
+The insert is not a dependency of the train op, so that every op outside
+our scope stays stock's: the hook fetches it beside the train op. Its input
+is the dequeued token, on the ps where the dequeue ran, so the run's ps
+partition does it: no transfer, no extra round trip. A Supervisor loop runs
+no hook and records nothing; the stall line then reads the tasks as before.
+"""
+
+import logging
+
+import tensorflow as tf
+
+from sync_replicas import _diagnose
+from sync_replicas import _train_runs
+
+_LOG = logging.getLogger(__name__)
+
+#: Bound on the chief's read of the record, on a stall report.
+READ_TIMEOUT_MS = 10_000
+
+
+class LocalStepRecord:
+  """The record; ``build`` makes the table and its read, ``record`` the
+  worker's insert (with its train op).
+
+  Args:
+    shared_prefix: What the optimizer's shared names start with.
+    total_num_replicas: Workers in the job.
+  """
+
+  def __init__(self, *, shared_prefix, total_num_replicas):
+    self.shared_name = shared_prefix + "sync_replicas_local_steps"
+    self._total = total_num_replicas
+    self._device = self._scope = self._key = None
+    self._table = self._export = None
+    self._insert = self._train_runs = None
+
+  def build(self, *, device, scope, key):
+    """The table, on ``device`` in ``scope``; ``key``: this worker's."""
+    self._device, self._scope, self._key = device, scope, key
+    with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
+      # A table, not a variable: no Saver, readiness check or checkpoint
+      # sees it.
+      self._table = tf.raw_ops.MutableHashTableV2(
+          shared_name=self.shared_name, use_node_name_sharing=False,
+          key_dtype=tf.int64, value_dtype=tf.int64, name="local_steps")
+      self._export = tf.raw_ops.LookupTableExportV2(
+          table_handle=self._table, Tkeys=tf.int64, Tvalues=tf.int64,
+          name="local_steps_export")
+
+  def record(self, token, *, train_op):
+    """The insert of ``token`` (the train op's new local step, on the ps)
+    under this worker's key; the hook runs it with ``train_op``."""
+    with tf.compat.v1.device(self._device), \
+        tf.compat.v1.name_scope(self._scope):
+      self._insert = tf.raw_ops.LookupTableInsertV2(
+          table_handle=self._table,
+          keys=tf.constant([self._key], tf.int64),
+          values=tf.reshape(tf.cast(token, tf.int64), [1]),
+          name="record_local_step")
+    self._train_runs = _train_runs.TrainRuns(train_op)
+
+  def fetches_for(self, fetches):
+    """The insert if a run of ``fetches`` trains, else None (fetched in
+    any other run it would run a push and take a token)."""
+    if self._insert is None or not self._train_runs.runs_train_op(fetches):
+      return None
+    return self._insert
+
+  def read(self, session, done_keys):
+    """``_diagnose.LocalStep`` readings labelled by key, those in
+    ``done_keys`` marked done; None if the record is empty (no hook ran a
+    train step yet, or a Supervisor loop) or cannot be read.
+
+    When every key is a task index (below ``total_num_replicas``), a
+    worker that never finished a train step is listed too.
+    """
+    try:
+      keys, steps = session.run(
+          self._export,
+          options=tf.compat.v1.RunOptions(timeout_in_ms=READ_TIMEOUT_MS))
+    except Exception as e:  # pylint: disable=broad-except
+      _LOG.debug("reading the workers' local steps on the ps failed: %s", e)
+      return None
+    if not len(keys):
+      return None
+    found = {int(k): int(v) for k, v in zip(keys, steps, strict=True)}
+    done = {int(k) for k in done_keys or ()}
+    every = set(found) | done
+    if all(0 <= k < self._total for k in every):
+      every |= set(range(self._total))
+    return [_diagnose.LocalStep(
+        "key %d" % k, found.get(k), None if k in found else "no step yet",
+        done=k in done) for k in sorted(every)]
