@@ -361,9 +361,17 @@ def test_the_log_line_reads_the_statistics_in_a_run_of_its_own(graph,
   values = tf.compat.v1.train.SessionRunValues(None, None, None)
   caplog.set_level(logging.INFO)
   hook.after_create_session(session, coord=None)
+  stats = set(opt.statistics_tensors.values())
+  added = []
   for _ in range(5):
-    assert hook.before_run(context) is None
+    args = hook.before_run(context)
+    # What a training run carries is the same on every run (one signature,
+    # set up once): with data_end's default only the op that records the
+    # worker's local step on the ps (issue 36), never a statistic.
+    added.append(None if args is None else sorted(args.fetches))
+    assert args is None or not stats & set(args.fetches.values())
     hook.after_run(context, values)
+  assert len(set(map(repr, added))) == 1, added
   # A non-chief reads its own counters only: worker-local, no ps to wait
   # for.
   own = sorted(k for k in opt.statistics_tensors if k.startswith("worker/"))
