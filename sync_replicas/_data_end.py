@@ -261,15 +261,26 @@ class DataEnd:
     uses them to push twice at the first step, and from then on the job
     has more rights to push than an update takes, so some pushes land
     after their update and are dropped (README, "Why synchronous
-    replicas"). On the first start (``starts`` at most 1) only what the
+    replicas"). On the job's first start (the first chief start the ps
+    has seen, ``starts`` at most 1, at global step 0) only what the
     workers cannot bring is enqueued: ``replicas_to_aggregate -
-    total_num_replicas`` in multi-batch mode, else none. A restarted
-    chief enqueues stock's count: workers that pushed before the restart
-    wait for those tokens.
+    total_num_replicas`` in multi-batch mode, else none. Any other start
+    enqueues stock's count: a restarted chief, whose workers that pushed
+    before the restart wait for tokens; and a start at a global step
+    other than 0 (a ps that restarted under a living chief, which restores
+    a checkpoint; a job resumed from one), where ``chief_init_op`` clears
+    the accumulators (``_restart``'s ``may_hold_leftovers``) and so eats a
+    first push that came before it: that worker then waits for a token.
+    A process cluster found the hang the cut caused there (a ps killed
+    after a worker's data ended, tests/test_recovery.py).
     """
     with tf.compat.v1.name_scope("initial_count"):
       first = max(0, self.replicas_to_aggregate - self.total_num_replicas)
-      keep = tf.where(starts <= 1, tf.minimum(tf.size(steps), first),
+      # ``steps`` are copies of the global step (before the generation's
+      # offset); the fill has at least one.
+      pristine = tf.logical_and(starts <= 1,
+                                tf.equal(tf.reduce_max(steps), 0))
+      keep = tf.where(pristine, tf.minimum(tf.size(steps), first),
                       tf.size(steps))
       return tf.slice(steps, [0], tf.reshape(keep, [1]))
 
