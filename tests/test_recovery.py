@@ -374,7 +374,14 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   job.kill("ps", 0)
   job.start("ps", 0)
   job.release()
-  job.finish_workers(timeout=240)
+  try:
+    job.finish_workers(timeout=240)
+  except (AssertionError, subprocess.TimeoutExpired) as e:
+    # The chief's own lines (its restore, its stall lines) say who waited.
+    lines = [l for l in job.log("worker", 0).splitlines()
+             if "sync_replicas:" in l]
+    raise AssertionError("%s\nthe chief's sync_replicas lines:\n%s"
+                         % (e, "\n".join(lines[-30:]))) from e
   chief_log = job.log("worker", 0)
   assert "Restoring parameters from" in chief_log
   assert "the chief saw done (its ps task restarted?): put back keys 1" in (
