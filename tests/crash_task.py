@@ -6,11 +6,21 @@ trains until ``last_step`` and appends JSON lines to its ``out`` file
 follow it without parsing logs. The model is TF's linear toy plus a
 ``trace`` variable: each gradient adds 1 to cell (local step, task) when it
 is applied, which is how the test checks that only fresh gradients were.
+
+With ``shards`` (batches per worker) a worker trains until its one-pass
+input ends instead of to ``last_step`` (issue 36's ``data_end``): the input
+is a ``py_func`` on the worker that gives the next batch of its shard and
+raises StopIteration (OutOfRangeError in the run, the end of a one-pass
+input to MonitoredSession) once the shard is trained. The batch advances
+only when a train run returned, so a run that a ps restart failed, and
+MonitoredSession (or the loop below) runs again, trains the same batch: the
+worker's own count is the batches it trained, each once.
 """
 
 import faulthandler
 import functools
 import json
+import logging
 import os
 import signal
 import sys
@@ -70,7 +80,8 @@ def _wait_while_held(path, timeout=HOLD_TIMEOUT_SECS):
 
 
 def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
-  """Trains in one MonitoredTrainingSession until it says stop."""
+  """Trains in one MonitoredTrainingSession until it says stop (or, with
+  ``shards``, until its input ends)."""
   with tf.compat.v1.train.MonitoredTrainingSession(**session_kwargs) as sess:
     _emit(spec["out"], event="ready")
     while not sess.should_stop():
@@ -79,9 +90,23 @@ def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
       # worker is dropped every time.
       time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))
       sess.run(train_op)
-      state["runs"] += 1
+      state["runs"] += 1  # The input's next batch (shards) is the next one.
       if not sess.should_stop():
         sess.run(relabel)  # The step of the token just taken.
+
+
+def _shard_input(state, batches):
+  """This worker's one-pass input of ``batches`` batches (the module doc):
+  the id of the batch the next train run trains; StopIteration, which a
+  run raises as OutOfRangeError, once ``state["runs"]`` trained them all."""
+
+  def next_batch():
+    if state["runs"] >= batches:
+      raise StopIteration
+    return np.int64(state["runs"])
+
+  return tf.compat.v1.py_func(next_batch, [], tf.int64, stateful=True,
+                              name="shard_input")
 
 
 def _worker(spec):
@@ -107,20 +132,29 @@ def _worker(spec):
           trainable=False)
     step_cell = tf.cast(tf.bitwise.bitwise_and(label, STEP_MASK), tf.int32)
     xs = np.random.default_rng(task).normal(size=(8, 4)).astype(np.float32)
+    state = {"runs": 0}
+    shards = spec.get("shards")
+    if shards is not None:
+      xs = xs + 0.0 * tf.cast(_shard_input(state, shards[task]), tf.float32)
     loss = tf.reduce_mean(tf.square(tf.linalg.matvec(xs, w) - 1.0))
     # lr 1 on -R * e[step, task]: the mean of R of them adds 1 per gradient.
     trace_grad = -replicas * tf.tensordot(tf.one_hot(step_cell, rows),
                                           tf.one_hot(task, workers), axes=0)
     opt = sync_replicas.SyncReplicasOptimizer(
         tf.compat.v1.train.GradientDescentOptimizer(1.0),
-        replicas_to_aggregate=replicas, total_num_replicas=workers)
+        replicas_to_aggregate=replicas, total_num_replicas=workers,
+        # With shards, the chief's stall line says who is done and every
+        # worker's local step, should the job wait for a worker.
+        stall_log_secs=10 if shards is not None else None)
     grads = [(trace_grad, trace), (tf.gradients(loss, w)[0], w)]
     train_op = opt.apply_gradients(grads, global_step=global_step)
   is_chief = task == 0
   with tf.compat.v1.device("/job:worker/task:%d" % task):
     relabel = tf.compat.v1.assign(label, opt.local_step)
-  hooks = [opt.make_session_run_hook(is_chief), _Relabel(relabel),
-           tf.compat.v1.train.StopAtStepHook(last_step=spec["last_step"])]
+  hooks = [opt.make_session_run_hook(is_chief), _Relabel(relabel)]
+  if shards is None:
+    hooks.append(tf.compat.v1.train.StopAtStepHook(
+        last_step=spec["last_step"]))
   config = tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=spec.get("op_timeout_ms", 90_000),
       device_filters=["/job:ps", "/job:worker/task:%d" % task])
@@ -130,7 +164,6 @@ def _worker(spec):
       save_checkpoint_steps=spec.get("checkpoint_steps", 5),
       save_checkpoint_secs=None, save_summaries_steps=None,
       save_summaries_secs=None, log_step_count_steps=None)
-  state = {"runs": 0}
   rng = np.random.default_rng()
   while True:
     try:
@@ -157,6 +190,10 @@ def main(argv):
   # to the task's log.
   faulthandler.register(signal.SIGUSR1, all_threads=True)
   tf.get_logger().setLevel("INFO")
+  # The package's own lines (the data end's and the chief's restore), which
+  # the tests read in the task's log.
+  logging.basicConfig(format="%(levelname)s:%(name)s:%(message)s")
+  logging.getLogger("sync_replicas").setLevel(logging.INFO)
   # MonitoredTrainingSession needs graph mode; a TF2 program starts eager.
   tf.compat.v1.disable_eager_execution()
   # MonitoredTrainingSession gives no way to pass recovery_wait_secs to the

@@ -41,7 +41,7 @@ class Job:
   """A cluster of task processes, and a reader session on the ps."""
 
   def __init__(self, tmp_path, *, workers, replicas, last_step, delay=0.03,
-               ps=1):
+               ps=1, shards=None):
     ports = cluster_lib.free_ports(workers + ps)
     self.cluster = {"ps": ["127.0.0.1:%d" % p for p in ports[:ps]],
                     "worker": ["127.0.0.1:%d" % p for p in ports[ps:]]}
@@ -50,7 +50,7 @@ class Job:
                  "last_step": last_step, "delay": delay,
                  "checkpoint_dir": str(tmp_path / "ckpt"),
                  "hold_file": str(tmp_path / "hold"),
-                 "op_timeout_ms": OP_TIMEOUT_MS}
+                 "op_timeout_ms": OP_TIMEOUT_MS, "shards": shards}
     self.procs = {}
     self._reserved = {}
     self.rows = last_step + 64
@@ -75,7 +75,9 @@ class Job:
   def start(self, job, task):
     spec = dict(self.base, job=job, task=task, out=str(self.out(job, task)))
     log = open(self.tmp / ("%s%d.log" % (job, task)), "ab")
-    env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
+    # tools/knockout's patched copy of the package before the checkout.
+    copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
+    env = dict(os.environ, PYTHONPATH=support.pythonpath(*copy, ROOT),
                TF_CPP_MIN_LOG_LEVEL="2")
     self.procs[(job, task)] = subprocess.Popen(
         [sys.executable, str(TASK), json.dumps(spec)], stdout=log,
@@ -178,6 +180,9 @@ class Job:
       assert proc.returncode == 0, "worker%d exited %d:\n%s" % (
           task, proc.returncode, self.log_tail("worker", task))
       assert self.events("worker", task)[-1] == "done"
+
+  def log(self, job, task):
+    return (self.tmp / ("%s%d.log" % (job, task))).read_text(errors="replace")
 
   def log_tail(self, job, task):
     return (self.tmp / ("%s%d.log" % (job, task))).read_text()[-4000:]
@@ -325,3 +330,60 @@ def test_killed_ps_without_the_token_queue_leaves_workers_training(
   job.start("ps", 1)
   job.finish_workers(timeout=240)
   assert _assert_only_fresh_updates(job, replicas=2) >= 50
+
+
+def _trained(job, task):
+  """The batches worker ``task`` trained, from its ``done`` event."""
+  lines = job.out("worker", task).read_text().splitlines()
+  return [json.loads(l) for l in lines][-1]["runs"]
+
+
+@pytest.mark.timeout(400)
+def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
+    job_factory):
+  """data_end="train_all" (issue 36): done-ness survives a ps restart.
+
+  Worker 1's one-pass shard ends first; it records on the ps that it is
+  done and exits. Then the ps is killed and started again on its port: its
+  record of the workers done is gone, and worker 1 cannot say it again. The
+  chief, which remembers it, puts it back on its recovered session, so the
+  updates need two gradients again and the other two workers train on to
+  the end of their shards; without that every update would wait for three
+  gradients, and the two would hang until their operation timeout.
+
+  What the workers trained is counted by themselves (each counts a batch
+  once its train run returned; a run a restart failed trains the same batch
+  again), not from the updates on the ps: the restarted ps got the model
+  back from the chief's last checkpoint, and the updates after it are lost.
+  """
+  shards = [60, 8, 60]
+  job = job_factory(workers=3, replicas=3, last_step=sum(shards),
+                    delay=0.05, shards=shards)
+  _start(job)
+  support.wait_until(lambda: "done" in job.events("worker", 1), timeout=120,
+                     what="worker 1's data end", interval=0.1)
+  assert _trained(job, 1) == shards[1]
+  # Two updates after it: the chief's loop, which polls once a worker is
+  # done, read the record and remembers worker 1.
+  job.wait_step(int(job.read_when_up("global_step")) + 2)
+  # The others pause between steps, so that they still have data left when
+  # the ps comes back, however long its restart takes.
+  job.hold()
+  for task in (0, 2):
+    assert "done" not in job.events("worker", task), "ended before the kill"
+  job.kill("ps", 0)
+  job.start("ps", 0)
+  job.release()
+  try:
+    job.finish_workers(timeout=240)
+  except (AssertionError, subprocess.TimeoutExpired) as e:
+    # The chief's own lines (its restore, its stall lines) say who waited.
+    lines = [l for l in job.log("worker", 0).splitlines()
+             if "sync_replicas:" in l]
+    raise AssertionError("%s\nthe chief's sync_replicas lines:\n%s"
+                         % (e, "\n".join(lines[-30:]))) from e
+  chief_log = job.log("worker", 0)
+  assert "Restoring parameters from" in chief_log
+  assert "the chief saw done (its ps task restarted?): put back keys 1" in (
+      chief_log), chief_log[-4000:]
+  assert [_trained(job, t) for t in range(3)] == shards
