@@ -272,11 +272,18 @@ def test_token_counts_follow_the_workers_not_done(
   per_step = max(workers, replicas)
   steps = tf.fill([per_step], tf.constant(7, tf.int64))
   released = ends.release_steps(steps)
-  initial = [ends.initial_steps(steps, starts=tf.constant(s))
-             for s in (1, 2)]
+  at_zero = tf.fill([per_step], tf.constant(0, tf.int64))
+  # The job's first start (the ps's first, at global step 0) is cut; a
+  # restarted chief's, and a first start on a ps at a restored global step
+  # (a ps restarted under a living chief, a resumed job), are not: its
+  # init clears the accumulators, and a worker whose push it ate needs a
+  # token.
+  initial = [ends.initial_steps(at_zero, starts=tf.constant(1)),
+             ends.initial_steps(at_zero, starts=tf.constant(2)),
+             ends.initial_steps(steps, starts=tf.constant(1))]
   with tf.compat.v1.Session() as sess:
     assert len(sess.run(released)) == per_step
-    assert [len(x) for x in sess.run(initial)] == [first,
+    assert [len(x) for x in sess.run(initial)] == [first, per_step,
                                                    per_step]
     assert ends.announce(sess, batches=5) == 1
     assert ends.announce(sess, batches=5) == 1, "a second announce counts"
