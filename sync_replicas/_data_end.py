@@ -267,12 +267,10 @@ class DataEnd:
     total_num_replicas`` in multi-batch mode, else none. Any other start
     enqueues stock's count: a restarted chief, whose workers that pushed
     before the restart wait for tokens; and a start at a global step
-    other than 0 (a ps that restarted under a living chief, which restores
-    a checkpoint; a job resumed from one), where ``chief_init_op`` clears
-    the accumulators (``_restart``'s ``may_hold_leftovers``) and so eats a
-    first push that came before it: that worker then waits for a token.
-    A process cluster found the hang the cut caused there (a ps killed
-    after a worker's data ended, tests/test_recovery.py).
+    other than 0 (a ps restarted under a living chief, a resumed job),
+    whose ``chief_init_op`` clears the accumulators and so eats a first
+    push that came before it: that worker then waits for a token (the
+    hang tests/test_recovery.py's killed ps found).
     """
     with tf.compat.v1.name_scope("initial_count"):
       first = max(0, self.replicas_to_aggregate - self.total_num_replicas)
