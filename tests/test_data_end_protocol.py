@@ -403,6 +403,16 @@ def test_the_status_tool_says_which_workers_are_done(tmp_path):
           in text), text
 
 
+def _step_then_end_the_last(sessions, jobs):
+  """Every worker trains one step together; then the last one's input
+  ends, a normal end of its session, whose hook records it done."""
+  support.run_concurrently([(s.run, j.train_op)
+                            for s, j in zip(sessions, jobs, strict=True)])
+  with pytest.raises(tf.errors.OutOfRangeError):
+    sessions[-1].run(jobs[-1].train_op)
+  sessions[-1].close()
+
+
 def test_the_stall_line_names_the_workers_done(caplog):
   """Worker 2's input ends, worker 1 stops pushing without ending (as a
   crashed worker would): the update waits for it, and the stall line says
@@ -417,11 +427,7 @@ def test_the_stall_line_names_the_workers_done(caplog):
       with job.graph.as_default():
         sessions.append(support.monitored_session(
             job.target, is_chief=job.is_chief, hooks=job.hooks))
-    support.run_concurrently([(s.run, j.train_op)
-                              for s, j in zip(sessions, jobs, strict=True)])
-    with pytest.raises(tf.errors.OutOfRangeError):
-      sessions[2].run(jobs[2].train_op)
-    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    _step_then_end_the_last(sessions, jobs)
     chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
                                   name="chief-step")
     chief.start()
@@ -496,11 +502,7 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
       with job.graph.as_default():
         sessions.append(support.monitored_session(
             job.target, is_chief=job.is_chief, hooks=job.hooks))
-    support.run_concurrently([(s.run, j.train_op)
-                              for s, j in zip(sessions, jobs, strict=True)])
-    with pytest.raises(tf.errors.OutOfRangeError):
-      sessions[2].run(jobs[2].train_op)
-    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    _step_then_end_the_last(sessions, jobs)
     # The chief's loop sees the count grow and remembers the key.
     support.wait_until(lambda: runner.data_end.seen_done() == {2: 1},
                        timeout=30, what="the chief to see worker 2 done")
@@ -552,11 +554,7 @@ def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
             config=config, stop_grace_period_secs=1,
             save_summaries_steps=None, save_summaries_secs=None,
             log_step_count_steps=None))
-    support.run_concurrently([(s.run, j.train_op)
-                              for s, j in zip(sessions, jobs, strict=True)])
-    with pytest.raises(tf.errors.OutOfRangeError):
-      sessions[2].run(jobs[2].train_op)
-    sessions[2].close()  # A normal end: the hook records worker 2 done.
+    _step_then_end_the_last(sessions, jobs)
     chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
                                   name="chief-step")
     chief.start()
