@@ -41,6 +41,18 @@ Task = collections.namedtuple("Task", [
 Task.__doc__ = "This process's place in the cluster."
 
 
+def name(task):
+  """How the task names itself in its lines: as its cluster does, ``chief
+  0``, ``worker 1``, ``ps 0``.
+
+  The same words as its TF_CONFIG (or its flags), the launcher's labels
+  (``[worker1]``), its device (``/job:worker/task:1``) and so the status
+  tool and the timeline (``worker-1``): one numbering everywhere. Without a
+  ``chief`` job, worker 0 is the chief.
+  """
+  return "%s %d" % (task.job_name, task.task_index)
+
+
 def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
   """Sends the ``name`` loggers' lines (the examples' own by default,
   unadorned) to stderr.
@@ -212,8 +224,13 @@ def serve_forever(server, task):
   ``server.join()`` never returns; sync-replicas-launch (or the cluster
   manager) ends ps tasks once every replica has finished.
   """
-  _LOG.info("ps %d serving at %s; stop it with SIGTERM once training is done",
-            task.task_index, task.cluster.task_address("ps", task.task_index))
+  # Under sync-replicas-launch nothing is for the reader to do: the launch
+  # stops it. Started by hand it serves until killed; Ctrl-C does not reach
+  # Python while join() waits in TensorFlow's C++.
+  _LOG.info("ps %d serving at %s until stopped (sync-replicas-launch stops "
+            "it once every replica is done; started by hand: kill %d)",
+            task.task_index, task.cluster.task_address("ps", task.task_index),
+            os.getpid())
   server.join()
 
 

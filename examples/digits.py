@@ -189,7 +189,7 @@ def _train(args, task, server):
       if log is not None:
         final_loss, final_accuracy, final_step = evaluate()
     if log is None:
-      _LOG.info("replica %d done after %d train-op runs", task.replica_index,
+      _LOG.info("%s done after %d train-op runs", _task.name(task),
                 runs)
       return 0
     _LOG.info("final test accuracy %.4f (test loss %.4f) at step %d after "

@@ -159,7 +159,7 @@ def _train(args, task, server, estimator):
   model.train(train_input_fn, hooks=[sync_hook],  # sync_replicas: the hook
               max_steps=args.steps)
   if not task.is_chief:
-    _LOG.info("replica %d done", task.replica_index)
+    _LOG.info("%s done", _task.name(task))
     return 0
   # Evaluation restores the final checkpoint into a local session.
   metrics = model.evaluate(test_input_fn, steps=1)

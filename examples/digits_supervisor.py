@@ -138,7 +138,7 @@ def _train(args, task, server):
     # The chief's queue runner outlives the grace period (see above).
     sv.stop(ignore_live_threads=True)
   if final is None:
-    _LOG.info("replica %d done after %d train-op runs", task.replica_index,
+    _LOG.info("%s done after %d train-op runs", _task.name(task),
               runs)
   else:
     _LOG.info("final test accuracy %.4f (test loss %.4f) at step %d after "

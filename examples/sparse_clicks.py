@@ -173,7 +173,7 @@ def _train(args, task, server):
             lambda step_context: step_context.session.run(
                 [loss, accuracy, global_step], feed_dict=test_feed))
   if not task.is_chief:
-    _LOG.info("replica %d done after %d train-op runs", task.replica_index,
+    _LOG.info("%s done after %d train-op runs", _task.name(task),
               runs)
     return 0
   majority = max(test.clicked.mean(), 1.0 - test.clicked.mean())

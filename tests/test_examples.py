@@ -76,8 +76,9 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert _final_accuracy(out) > 0.8, out[-4000:]  # chance: 0.1
   assert re.search(r"\[chief0\] step +\d+  loss \d\.\d+  test accuracy "
                    r"\d\.\d+  \d+\.\d steps/s", out), out[-4000:]
+  # One numbering: each task names itself as its label and TF_CONFIG do.
   for name in ("worker0", "worker1"):
-    assert "[%s] replica " % name in out
+    assert "[%s] worker %s done after " % (name, name[-1]) in out, out[-4000:]
   assert (tmp_path / "checkpoint").is_file()
   assert (tmp_path / "sync_manifest.json").is_file()  # For tools/status.
   assert list(tmp_path.glob("model.ckpt-*.index"))
@@ -149,7 +150,7 @@ def test_supervisor_flow_learns_with_tf1_flags(tmp_path):
       except subprocess.TimeoutExpired:
         pass
   assert _final_accuracy(outs["worker", 0]) > 0.8, outs["worker", 0][-4000:]
-  assert "replica 1 done" in outs["worker", 1]
+  assert "worker 1 done" in outs["worker", 1]
   assert list(tmp_path.glob("model.ckpt-*.index"))
   assert (tmp_path / "sync_manifest.json").is_file()
 
@@ -179,7 +180,7 @@ def test_estimator_learns_with_the_hook_in_train(tmp_path):
                 "examples.digits_estimator", "--steps", "100", "--logdir",
                 str(tmp_path), env=support.with_keras(_env()))
   assert _final_accuracy(out) > 0.8, out[-4000:]
-  assert "[worker0] replica 1 done" in out
+  assert "[worker0] worker 0 done" in out
   assert (tmp_path / "sync_manifest.json").is_file()
 
 

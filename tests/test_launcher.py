@@ -22,8 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ["-m", "sync_replicas.cli.launch"]
 
 # argv: piddir, then "name=behaviour" pairs; a task without one exits 0.
-# Behaviours: exit:N (after 0.3 s), forever, forever-child (also starts a
-# child in its process group), stubborn (ignores SIGTERM).
+# Behaviours: exit:N (after 0.3 s), late (exits 0 after 1 s, once the
+# replicas have), forever, forever-child (also starts a child in its process
+# group), stubborn (ignores SIGTERM).
 _TASK = r"""
 import json, os, signal, subprocess, sys, time
 cfg = json.loads(os.environ["TF_CONFIG"])
@@ -45,6 +46,9 @@ with open(os.path.join(piddir, name + ".pid"), "w") as f:
 if what.startswith("exit:"):
   time.sleep(0.3)
   sys.exit(int(what[5:]))
+if what == "late":
+  time.sleep(1.0)
+  sys.exit(0)
 time.sleep(600)
 """
 
@@ -92,7 +96,26 @@ def test_success_stops_ps_and_exits_zero(tmp_path):
     assert ("[%s] task %s backups=1 cluster=['chief', 'ps', 'worker']"
             % (name, name)) in out, out
   assert "ps0 ignored SIGTERM" in out
+  # Each ps's end is reported: this one was stopped, as it serves forever.
+  assert "[launch] every replica finished: stopping ps0, which serves until " \
+      "stopped" in out, out
+  assert "[launch] ps0 stopped (signal SIGKILL)" in out, out
   _assert_none_left(tmp_path, ["ps0", "chief0", "worker0", "worker1"])
+
+
+@pytest.mark.timeout(60)
+def test_a_ps_that_ends_by_itself_is_reported_not_stopped(tmp_path):
+  # README's program: its ps exits 0 once every replica is done. The
+  # launcher lets it, and says so, instead of stopping it.
+  code, out = _launch(tmp_path, {"ps0": "late", "ps1": "forever"},
+                      "--ps", "2", "--workers", "2")
+  assert code == 0, out
+  assert "[launch] ps0 exited 0" in out, out
+  assert "[launch] every replica finished: stopping ps1, which serves " \
+      "until stopped" in out, out
+  assert "[launch] ps1 stopped (signal SIGTERM)" in out, out
+  assert "ps0 stopped" not in out, out
+  _assert_none_left(tmp_path, ["ps0", "ps1", "chief0", "worker0"])
 
 
 @pytest.mark.timeout(60)

@@ -10,8 +10,9 @@ examples use as the default of their ``--backups``, and, unless already set,
 TF_CPP_MIN_LOG_LEVEL=2 (TensorFlow's C++ errors only). Every line a task
 prints is streamed with the task's name in front.
 
-The run ends when every replica has exited: the ps tasks, which serve until
-stopped, are then terminated. It ends early, stopping every task, on Ctrl-C,
+The run ends when every replica has exited: a ps task that does not exit by
+itself within 2 s (the examples' serve until stopped) is then terminated,
+and the launcher says how each ended. It ends early, stopping every task, on Ctrl-C,
 on --timeout, or as soon as any task exits with a non-zero code. Every task
 runs in its own process group, which is sent SIGTERM, then SIGKILL after
 --grace seconds, so no task or child of one outlives the launcher.
@@ -61,6 +62,10 @@ EXIT_CANNOT_RUN = 127
 EXIT_USAGE = _cli.EXIT_USAGE
 #: The first task's port in a confined cluster, the TFJob convention.
 CONFINED_BASE_PORT = 2222
+#: Seconds a ps task gets to exit by itself once every replica is done,
+#: before it is stopped: a program whose ps ends with training (README's)
+#: then reports its own exit code.
+PS_OWN_EXIT_SECS = 2.0
 
 
 def _parse(argv):
@@ -275,13 +280,40 @@ class Launcher:
           return rc if rc > 0 else 1
         self.say("%s exited 0", task.name)
       if all(t.poll() == 0 for t in replicas):
-        self.say("every replica finished: stopping the ps tasks")
+        self._end_ps_tasks(reported)
         return 0
       if time.monotonic() > deadline:
         self.say("timed out after %.0f s: stopping every task",
                  self._args.timeout)
         return EXIT_TIMEOUT
       time.sleep(0.1)
+
+  def _end_ps_tasks(self, reported):
+    """Once every replica is done: a ps that ends by itself (README's
+    program) gets ``PS_OWN_EXIT_SECS`` to, and says ``exited 0``; the others
+    (the examples' serve until stopped) are stopped, each saying so."""
+    live = [t for t in self.tasks if t.is_ps and t.name not in reported]
+    deadline = time.monotonic() + PS_OWN_EXIT_SECS
+    while any(t.running() for t in live) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    for task in live:
+      rc = task.poll()
+      if rc is not None:
+        reported.add(task.name)
+        self.say("%s exited %s", task.name,
+                 "0" if rc == 0 else "with " + _describe(rc))
+    serving = [t for t in live if t.name not in reported]
+    if not serving:
+      self.say("every replica finished, and every ps task")
+      return
+    self.say("every replica finished: stopping %s, which serve%s until "
+             "stopped", ", ".join(t.name for t in serving),
+             "s" if len(serving) == 1 else "")
+    stop_tasks(serving, grace=self._args.grace, say=self.say)
+    for task in serving:
+      rc = task.poll()
+      if rc is not None:
+        self.say("%s stopped (%s)", task.name, _describe(rc))
 
   def _stop_all(self):
     """Stops every task (``stop_tasks``), deaf to a second Ctrl-C."""
