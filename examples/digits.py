@@ -172,7 +172,13 @@ def _train(args, task, server):
             [loss, accuracy, global_step],
             feed_dict={x: data.x_test, y: data.y_test}))
 
-      while not sess.should_stop():
+      # A resume at or past --steps has nothing to train: stop before the
+      # first train op (StopAtStepHook would stop only after one, stepping
+      # past --steps), and leave the run's plot and timeline as they are.
+      at = int(sess.run_step_fn(
+          lambda step_context: step_context.session.run(global_step)))
+      nothing_to_train = at >= args.steps
+      while not nothing_to_train and not sess.should_stop():
         if args.delay_ms:
           time.sleep(delays.lognormal(np.log(args.delay_ms / 1000.0),
                                       args.delay_sigma))
@@ -186,8 +192,13 @@ def _train(args, task, server):
           log.train(value)
           if log.due(step):
             log.test(*evaluate(), logdir=args.logdir)
-      if log is not None:
+      if log is not None and not nothing_to_train:
         final_loss, final_accuracy, final_step = evaluate()
+    if nothing_to_train:
+      _LOG.info("%s: nothing to train, the global step is %d and --steps %d "
+                "(%s is left as it was; a larger --steps trains on)",
+                _task.name(task), at, args.steps, args.logdir)
+      return 0
     if log is None:
       _LOG.info("%s done after %d train-op runs", _task.name(task),
                 runs)
@@ -216,7 +227,7 @@ def _say_if_resuming(args):
   step = int(tf.train.load_variable(found, "global_step"))
   _LOG.info("resuming from step %d: %s holds an earlier run's checkpoint%s "
             "(another --logdir starts afresh)", step, args.logdir,
-            "; --steps %d is reached already, so one step is trained"
+            "; --steps %d is reached already, so nothing is trained"
             % args.steps if step >= args.steps else "")
 
 

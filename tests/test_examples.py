@@ -65,7 +65,7 @@ def _final_accuracy(out):
   return float(found[0])
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(560)
 def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   out = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
                 "examples.digits", "--steps", "100", "--log_every", "25",
@@ -122,6 +122,27 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert left_out >= first and none_left == 0, (left_out, first)
   assert sum(r["steps"] for r in both.values()) == (
       sum(r["steps"] for r in latest.values()) + first)
+  # Once more, with nothing left to train (issue 46, item 8: it trained one
+  # more step, then overwrote the plot and the timeline with that step's).
+  # Every replica says so and trains nothing; the plot and the latest
+  # timeline are the earlier runs'.
+  plot_before = plot.read_bytes()
+  step = int(tf.train.load_variable(
+      tf.train.latest_checkpoint(str(tmp_path)), "global_step"))
+  idle = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
+                 "examples.digits", "--steps", str(step), "--logdir",
+                 str(tmp_path), "--timeline_dir", str(tmp_path / "timeline"))
+  assert re.search(r"\[chief0\] resuming from step %d: .* so nothing is "
+                   r"trained" % step, idle), idle[-4000:]
+  for label, name in (("chief0", "chief 0"), ("worker0", "worker 0"),
+                      ("worker1", "worker 1")):
+    assert "[%s] %s: nothing to train, the global step is %d and --steps " \
+        "%d" % (label, name, step, step) in idle, idle[-4000:]
+  assert "final test accuracy" not in idle, idle[-4000:]
+  assert plot.read_bytes() == plot_before
+  assert int(tf.train.load_variable(
+      tf.train.latest_checkpoint(str(tmp_path)), "global_step")) == step
+  assert timeline.merge(str(tmp_path / "timeline"))[0] == latest
 
 
 @pytest.mark.timeout(240)
