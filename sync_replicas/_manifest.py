@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from sync_replicas import _accumulators
 from sync_replicas import _diagnose
+from sync_replicas import _process
 from sync_replicas import _tokens
 
 FORMAT = "sync_replicas.manifest/1"
@@ -83,6 +84,8 @@ def build(*, accumulators, global_step, replicas_to_aggregate,
       "generations_queue": generations_shared_name,
       "network_namespace": _network_namespace(),
       "done_workers": done_workers_shared_name,
+      # Who wrote it: the status tool tells an ended job by it.
+      "writer": _process.identity(),
   }
 
 
@@ -191,7 +194,20 @@ def read(path):
         "with SyncReplicasOptimizer.write_sync_manifest(path)."
         % (path, FORMAT, found if isinstance(manifest, dict)
            else type(manifest).__name__))
+  missing = [key for key in _REQUIRED if key not in manifest]
+  if missing:
+    raise ValueError(
+        "%s is a sync manifest without %s, which every manifest of format %r "
+        "has: it was cut short or edited. Write it again with "
+        "SyncReplicasOptimizer.write_sync_manifest(path)."
+        % (path, ", ".join(missing), FORMAT))
   return manifest
+
+
+#: What every manifest of this format holds (``build``'s keys before the
+#: optional ones).
+_REQUIRED = ("replicas_to_aggregate", "total_num_replicas", "tokens_per_step",
+             "global_step", "token_queue", "accumulators")
 
 
 def presence_ops(manifest):

@@ -12,6 +12,7 @@ launch was started.
 import io
 import json
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -49,9 +50,14 @@ def test_status_names_an_unreachable_ps_and_how_to_reach_it(tmp_path, capsys,
   code, out, err = _status(["--manifest", path, "--ps", "127.0.0.1:%d" % port,
                             "--timeout", "2"], capsys)
   assert code == 1 and not out
-  assert "could not reach the job at grpc://127.0.0.1:%d within 2 s" % port in (
-      err), err
-  assert "sync-replicas-launch --enter PID" in err
+  # The time it says is the time it took, all told (issue 46: "10 s" once
+  # meant 15.9). The --enter hint comes only with running confined
+  # launches to name, which other suites on this machine may have or not.
+  found = re.search(r"could not reach the job at grpc://127\.0\.0\.1:%d: no "
+                    r"answer within --timeout 2 s \((\d+) s since the tool "
+                    r"started; " % port, err)
+  assert found and int(found.group(1)) >= 2, err
+  assert "--enter PID" not in err or "launches running now: " in err, err
   assert state() == [0, 1, [1]]
 
 
@@ -116,7 +122,7 @@ def test_status_process_ends_on_ctrl_c_with_130_and_no_traceback(tmp_path):
 def test_status_explains_a_missing_manifest(tmp_path, capsys):
   code, _, err = _status(["--manifest", str(tmp_path), "--ps",
                           "127.0.0.1:1"], capsys)
-  assert code == 1
+  assert code == 2  # A bad argument, as --help says.
   assert "No sync manifest at %s/sync_manifest.json" % tmp_path in err, err
   assert "write_sync_manifest(checkpoint_dir)" in err
   assert "--logdir" in err

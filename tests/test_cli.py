@@ -8,7 +8,10 @@ a missing manifest took 4 s to report, TensorFlow's import).
 """
 
 import importlib
+import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +19,8 @@ import time
 import pytest
 
 import support
+from sync_replicas import _ports
+from sync_replicas import _process
 
 pytestmark = pytest.mark.quick
 
@@ -65,7 +70,7 @@ def test_help_shows_each_default_once(module, capsys):
 #: (command line, what the one line of error says): each a usage error.
 USAGE_ERRORS = [
     (["-m", "sync_replicas.cli.status", "--manifest", "no/such/dir", "--ps",
-      "127.0.0.1:2222"], "No sync manifest at no/such/dir", 1),
+      "127.0.0.1:2222"], "No sync manifest at no/such/dir", 2),
     (["-m", "sync_replicas.cli.status", "--ps", "127.0.0.1:2222"],
      "the following arguments are required: --manifest", 2),
     (["-m", "sync_replicas.cli.launch", "--ps", "1"],
@@ -110,3 +115,72 @@ def test_a_usage_error_is_one_line_before_tensorflow(argv, says, code):
   assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
   assert "tensorflow imported: False" in proc.stdout, proc.stdout
   assert secs < USAGE_ERROR_SECS, "took %.1f s" % secs
+
+
+# ------------------------------------- sync-replicas-status on an ended job
+
+
+def _manifest_of_an_ended_job(tmp_path, **fields):
+  """A sync manifest whose writer (a chief, here a child that ran) has
+  exited, with ``fields`` on top; the tool stops before reading the rest."""
+  child = subprocess.Popen([sys.executable, "-c", "import time; "
+                            "time.sleep(60)"])
+  try:
+    writer = _process.identity()
+    writer.update(pid=child.pid, started=_process.started(child.pid))
+  finally:
+    child.kill()
+    child.wait(timeout=30)
+  manifest = {"format": "sync_replicas.manifest/1", "writer": writer,
+              "network_namespace": os.stat("/proc/self/ns/net").st_ino,
+              **fields}
+  (tmp_path / "sync_manifest.json").write_text(json.dumps(manifest))
+  return writer["pid"]
+
+
+def _status_child(tmp_path, port):
+  start = time.monotonic()
+  proc = subprocess.run(
+      [sys.executable, "-c", _CHILD, "-c", "sync_replicas.cli.status",
+       "--manifest", str(tmp_path), "--ps", "127.0.0.1:%d" % port],
+      cwd=support.TOOLS.parent, capture_output=True, text=True, timeout=60)
+  return proc, time.monotonic() - start
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_status_says_at_once_that_the_job_has_ended(tmp_path):
+  # Issue 46, item 2: run after the demo ended, the status tool waited out
+  # its timeout, then pointed to `--enter PID`, which said "no process".
+  # The manifest names its chief: gone, with nothing on the port, the job
+  # has ended, said in one line before TensorFlow's import.
+  pid = _manifest_of_an_ended_job(tmp_path)
+  port = _ports.free_ports(1)[0]
+  proc, secs = _status_child(tmp_path, port)
+  assert proc.returncode == 1, proc
+  assert proc.stderr == (
+      "sync-replicas-status: the job that wrote %s has ended: its chief "
+      "(pid %d) has exited, and nothing listens on port %d any more. Its "
+      "sync state ended with it; its checkpoints, logs and timeline (if it "
+      "recorded one: sync-replicas-timeline DIR) remain.\n" % (
+          tmp_path / "sync_manifest.json", pid, port)), proc.stderr
+  assert "tensorflow imported: False" in proc.stdout, proc.stdout
+  assert secs < USAGE_ERROR_SECS, "took %.1f s" % secs
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_status_reads_on_when_the_chief_is_gone_but_the_port_serves(
+    tmp_path):
+  # A chief that died while its ps serves on: the sync state is still
+  # there to read, so the tool does not call the job ended.
+  _manifest_of_an_ended_job(tmp_path)
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    proc, _ = _status_child(tmp_path, server.getsockname()[1])
+  # It reads on, with TensorFlow: this manifest has nothing else to read,
+  # and says so in one line.
+  assert "has ended" not in proc.stderr, proc.stderr
+  assert "tensorflow imported: True" in proc.stdout, proc.stdout
+  assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+  assert "is a sync manifest without replicas_to_aggregate" in proc.stderr, (
+      proc.stderr)

@@ -19,6 +19,7 @@ from sync_replicas import _data_end
 from sync_replicas import _diagnose
 from sync_replicas import _manifest
 from sync_replicas.cli import _cli
+from sync_replicas.cli import launch
 
 
 def snapshot(sess, ops, manifest):
@@ -92,7 +93,7 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
   return lines
 
 
-def watch(args, *, find_target, out, clock, prog):
+def watch(args, *, find_target, out, clock, prog, started=None):
   """Prints the state of the job; returns the exit code.
 
   Once, or with ``args.watch`` every ``args.interval`` s until
@@ -107,7 +108,10 @@ def watch(args, *, find_target, out, clock, prog):
     out: Where the snapshots go.
     clock: Seconds, for ``args.stall_secs``.
     prog: The tool's name, in front of an error.
+    started: When the tool started (``time.monotonic()``), for the time an
+      error says it took (default: now).
   """
+  started = time.monotonic() if started is None else started
   try:
     manifest = _manifest.read(args.manifest)
     target = find_target()
@@ -137,16 +141,30 @@ def watch(args, *, find_target, out, clock, prog):
       _show(sess, ops, manifest, args, target=target, out=out, clock=clock)
       return _cli.EXIT_OK
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
-    _cli.say(prog, "could not reach the job at %s within %.0f s (%s: %s). Is "
-             "the job running and the address right? A cluster started by "
-             "sync-replicas-launch is reachable only inside its namespace: "
-             "run this through sync-replicas-launch --enter PID -- ..." % (
-                 target, args.timeout, type(e).__name__, _gist(e.message)))
+    # The time it says is the time it took, TensorFlow's start included
+    # (a user once counted 15.9 s against a stated 10).
+    _cli.say(prog, "could not reach the job at %s: no answer within --timeout "
+             "%.0f s (%.0f s since the tool started; %s: %s). Is the job "
+             "running and the address right?%s" % (
+                 target, args.timeout, time.monotonic() - started,
+                 type(e).__name__, _gist(e.message), _launches_hint(prog)))
     return _cli.EXIT_FAILED
   except tf.errors.OpError as e:
     _cli.say(prog, "could not read the sync state from %s: %s: %s"
              % (target, type(e).__name__, _gist(e.message)))
     return _cli.EXIT_FAILED
+
+
+def _launches_hint(prog):
+  """Where the job may be instead: the confined launches running now, whose
+  clusters only a tool inside their namespace reaches; none, nothing."""
+  pids = launch.confined_launches()
+  if not pids:
+    return ""
+  return (" A cluster that sync-replicas-launch confined is reachable only "
+          "inside its namespace; launches running now: %s. Run this through "
+          "sync-replicas-launch --enter PID -- %s ..." % (
+              ", ".join(map(str, pids)), prog))
 
 
 def _show(sess, ops, manifest, args, *, target, out, clock):

@@ -29,9 +29,10 @@ several such launches it asks for one:
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
-Exit code: 0; 1 if the state could not be read (the reason on stderr, in one
-line); 2 for bad arguments; 130 on Ctrl-C (how a --watch without --count
-ends).
+Exit code: 0; 1 if the state could not be read, the job having ended
+included (the reason on stderr, in one line); 2 for bad arguments, a
+--manifest naming no file included; 130 on Ctrl-C (how a --watch without
+--count ends).
 """
 
 import json
@@ -40,6 +41,7 @@ import sys
 import time
 import typing
 
+from sync_replicas import _process
 from sync_replicas.cli import _cli
 from sync_replicas.cli import _confine
 from sync_replicas.cli import launch
@@ -111,12 +113,14 @@ def main(argv: "typing.Sequence[str] | None" = None, *,
     out: Where the snapshots go (default: stdout); errors go to stderr.
     clock: Seconds, for ``--stall-secs`` (tests pass their own).
   """
+  started = time.monotonic()  # An error says how long it took, all told.
   refused = _before_threads(argv)
   if refused is not None:
     return refused
   # Ctrl-C ends it at once: it only reads, and holds no process or file.
-  return _cli.run(lambda a: _main(a, out=out or sys.stdout, clock=clock),
-                  argv, prog=PROG, exit_at_once=True)
+  return _cli.run(
+      lambda a: _main(a, out=out or sys.stdout, clock=clock, started=started),
+      argv, prog=PROG, exit_at_once=True)
 
 
 #: The manifest's file name in a directory (``_manifest.FILE_NAME``, which
@@ -140,15 +144,59 @@ def _local_manifest(path):
                 "it to their --logdir. Pass that file or directory." % file)
 
 
-def _recorded_namespace(file):
-  """The network namespace the manifest's writer ran in, or None (none
-  recorded, or no manifest to read: reported later, in its words)."""
+def _recorded(file, key):
+  """The manifest's ``key``, or None (not recorded, or no manifest to read:
+  reported later, in its words)."""
   try:
     with open(file, encoding="utf-8") as f:
-      found = json.load(f).get("network_namespace")
+      return json.load(f).get(key)
   except (OSError, ValueError, AttributeError):
     return None
+
+
+def _recorded_namespace(file):
+  """The network namespace the manifest's writer ran in, or None."""
+  found = _recorded(file, "network_namespace")
   return found if isinstance(found, int) else None
+
+
+def _has_ended(file, target, namespace):
+  """Why the job whose manifest is ``file`` has ended, or None.
+
+  Told only for a target on loopback, where this machine's processes are
+  the whole story: the namespace the job ran in holds no process any more
+  (a confined launch that ended), or the chief that wrote the manifest has
+  exited and nothing of this namespace listens on the target's port. Said
+  at once, instead of after a read's timeout that would end in "could not
+  reach".
+  """
+  host, _, port = target[len("grpc://"):].rpartition(":")
+  if host not in _LOOPBACK_HOSTS:
+    return None
+  if namespace is not None and namespace != os.stat(
+      "/proc/self/ns/net").st_ino:
+    if _namespace_in_use(namespace):
+      return None
+    return ("the network namespace it ran in (a confined launch's) holds no "
+            "process any more")
+  writer = _recorded(file, "writer")
+  if _process.has_exited(writer) and not _confine.listens(int(port)):
+    return ("its chief (pid %d) has exited, and nothing listens on port %s "
+            "any more" % (writer["pid"], port))
+  return None
+
+
+def _namespace_in_use(namespace):
+  """Whether a process that this user may see runs in the network namespace
+  ``namespace`` (its inode)."""
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        if os.stat("/proc/%s/ns/net" % entry).st_ino == namespace:
+          return True
+      except OSError:
+        continue  # Ended meanwhile, or not ours to look into.
+  return False
 
 
 def _enter_confined_launch(target, namespace):
@@ -203,16 +251,25 @@ def _before_threads(argv):
     target = _target(args)
   except ValueError:
     target = None  # Reported after the manifest is read, in its order.
-  refused = missing or (
-      target and sys.platform.startswith("linux") and _enter_confined_launch(
-          target, _recorded_namespace(file) if file else None))
+  namespace = _recorded_namespace(file) if file else None
+  linux = sys.platform.startswith("linux")
+  ended = file and target and linux and _has_ended(file, target, namespace)
+  if ended:
+    _cli.say(PROG, "the job that wrote %s has ended: %s. Its sync state "
+             "ended with it; its checkpoints, logs and timeline (if it "
+             "recorded one: sync-replicas-timeline DIR) remain." % (file, ended))
+    return _cli.EXIT_FAILED
+  if missing:
+    _cli.say(PROG, missing)
+    return _cli.EXIT_USAGE  # A --manifest that names no file: bad arguments.
+  refused = target and linux and _enter_confined_launch(target, namespace)
   if refused:
     _cli.say(PROG, refused)
     return _cli.EXIT_FAILED
   return None
 
 
-def _main(argv, *, out, clock):
+def _main(argv, *, out, clock, started):
   args = _parse(argv)
   # TensorFlow's C++ start-up lines would bury the tool's own line. 2.21
   # logs its oneDNN notice whatever TF_CPP_MIN_LOG_LEVEL says; the tool only
@@ -222,7 +279,7 @@ def _main(argv, *, out, clock):
   # Imported only now: --help and bad arguments answer without TensorFlow.
   from sync_replicas.cli import _job_state  # pylint: disable=g-import-not-at-top
   return _job_state.watch(args, find_target=lambda: _target(args), out=out,
-                          clock=clock, prog=PROG)
+                          clock=clock, prog=PROG, started=started)
 
 
 if __name__ == "__main__":
