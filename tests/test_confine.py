@@ -370,8 +370,8 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   try:
     output = support.OutputLines(proc.stdout)
     command = output.find(r"\[demo\] its sync state, from another terminal "
-                          r"in \S+: (.*)\n", "the demo's status line",
-                          timeout=30).group(1)
+                          r"in \S+ while it trains: (.*)\n",
+                          "the demo's status line", timeout=30).group(1)
     # The plain command (issue 38: README's line failed during a confined
     # launch): the venv's status tool, which finds the launch by itself.
     argv = shlex.split(command)
@@ -407,8 +407,19 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
       still_training = proc.poll() is None
     held_secs = time.monotonic() - held_at
     proc.wait(timeout=300)
+    # The same command once the demo has ended (issue 46, item 2: it timed
+    # out, then sent the user to --enter PID, a dead end): it says so, at
+    # once, without TensorFlow's import.
+    after_start = time.monotonic()
+    after = _run_bounded(argv).finish(60)
+    after_secs = time.monotonic() - after_start
   finally:
     support.kill_group(proc)
+  assert after.returncode == 1, (after.stdout, after.stderr)
+  assert after.stderr.startswith(
+      "sync-replicas-status: the job that wrote %s has ended: " % (
+          logdir / "sync_manifest.json")), after.stderr
+  assert after_secs < 10, "took %.1f s: %s" % (after_secs, after.stderr)
   text = output.finish()
   assert inside.returncode == 0, (inside.stdout, inside.stderr)
   assert re.search(r"global_step: \d+", inside.stdout), inside.stdout
