@@ -2,10 +2,12 @@
 
 import datetime
 import json
+import logging
 import os
 import pathlib
 import re
 import shutil
+import threading
 
 # Quiet TensorFlow's C++ start-up chatter; tests read Python-side logs only.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,6 +50,24 @@ def pytest_configure(config):
       "fresh venv under the temporary directory (tests/test_wheel.py, about "
       "a minute on 2 cores, most of it the TensorFlow imports of a demo "
       "cluster; a few MB of disk)")
+  # A thread that dies with an exception fails the test (but stock's
+  # runner's expected death, _expect_stocks_cancelled_runner_threads).
+  config.addinivalue_line(
+      "filterwarnings", "error::pytest.PytestUnhandledThreadExceptionWarning")
+  # Stock's apply_gradients makes a readiness tensor that a test building
+  # its graph only never runs; TensorFlow logs "Object was never used" for
+  # it as the process ends (ours marks it used, optimizer.py).
+  logging.getLogger("tensorflow").addFilter(_StocksUnusedReadiness())
+
+
+class _StocksUnusedReadiness(logging.Filter):
+  """Drops TensorFlow's "never used" record for stock's readiness tensor,
+  made in stock's sync_replicas_optimizer.py; every other record passes."""
+
+  def filter(self, record):
+    message = record.getMessage()
+    return not ("Object was never used" in message
+                and "sync_replicas_optimizer.py" in message)
 
 
 @pytest.fixture(params=["stock", "ours"])
@@ -166,6 +186,33 @@ _SESSION_THREADS = []
 def pytest_sessionstart(session):
   del session
   _SESSION_THREADS.append(_threads_now())
+  _expect_stocks_cancelled_runner_threads()
+
+
+def _expect_stocks_cancelled_runner_threads():
+  """Lets stock's chief QueueRunner threads die of CancelledError quietly.
+
+  A thread that dies with an exception fails the test it dies in
+  (pytest_configure turns pytest's warning into an error): a passing run
+  prints no traceback. One death is expected, stock's: its chief runner
+  thread blocks in a gradient take that no worker feeds once training
+  ended, and closing the session cancels it ("Step was cancelled by an
+  explicit call to Session::Close()"), a traceback in every stock job.
+  The side-by-side tests run stock's class, and ours makes stock's threads
+  when given no coordinator; our own runner ends without one
+  (sync_replicas/_runner.py). Installed over pytest's own hook, which gets
+  every other death. Those threads are named by stock's QueueRunner.
+  """
+  previous = threading.excepthook
+
+  def hook(args):
+    if (args.thread is not None
+        and args.thread.name.startswith("QueueRunnerThread-")
+        and issubclass(args.exc_type, tf.errors.CancelledError)):
+      return
+    previous(args)
+
+  threading.excepthook = hook
 
 
 @pytest.hookimpl(hookwrapper=True)
