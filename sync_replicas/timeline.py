@@ -30,8 +30,12 @@ SYNC_REPLICAS_TIMELINE=DIR, wrote DIR/<task>.worker.jsonl (the chief also
 DIR/<task>.chief.jsonl); once they have ended, on a machine that can read
 DIR (also as python -m sync_replicas.timeline):
 
-  sync-replicas-timeline DIR --png last.png
+  sync-replicas-timeline DIR --png DIR/last.png
   # then open DIR/trace.json in chrome://tracing or ui.perfetto.dev
+
+Exit code: 0; 1 if the files could not be read or written (the reason on
+stderr, in one line); 2 for bad arguments, a DIRECTORY that does not exist
+included.
 """
 
 import collections
@@ -58,9 +62,13 @@ def read(directory: str) -> "tuple[list[Update], list[Step], list[str]]":
   """Reads every task's records: ``(updates, steps, tasks)``.
 
   Raises:
-    FileNotFoundError: no timeline file in ``directory``.
+    FileNotFoundError: no such directory, or no timeline file in it.
   """
   updates, steps, tasks = [], [], []
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(
+        "no such directory: %s. Pass the timeline_dir the job's tasks wrote "
+        "to (the examples: their --timeline_dir)." % directory)
   paths = sorted(glob.glob(os.path.join(directory, "*.jsonl")))
   if not paths:
     raise FileNotFoundError(
@@ -436,6 +444,11 @@ def _main(argv):
   args = parser.parse_args(argv)
   if args.last < 1:
     parser.error("--last must be at least 1, got %d" % args.last)
+  if not os.path.isdir(args.directory):  # A bad argument, as status's.
+    _cli.say(PROG, "no such directory: %s. Pass the timeline_dir the job's "
+             "tasks wrote to (the examples: their --timeline_dir)."
+             % args.directory)
+    return _cli.EXIT_USAGE
   out = args.out or os.path.join(args.directory, "trace.json")
   try:
     rows, left_out = merge(args.directory, out=out, png=args.png,

@@ -67,6 +67,24 @@ def test_help_shows_each_default_once(module, capsys):
   assert not twice and not none, (twice, none)
 
 
+@pytest.mark.parametrize("module", COMMANDS[:3])
+def test_help_shows_the_options_early_and_no_rst(module, capsys):
+  # Issue 46: 45 lines of prose, with RST's ``double backticks``, came
+  # before the options. The prose now follows them.
+  with pytest.raises(SystemExit):
+    importlib.import_module(module).main(["--help"])
+  text = capsys.readouterr().out
+  lines = text.splitlines()
+  first = next(i for i, line in enumerate(lines)
+               if line in ("options:", "positional arguments:"))
+  assert first < 15, "\n".join(lines[:first + 1])
+  assert "``" not in text, text
+  # Nothing lost: the prose that followed the examples is still there.
+  doc = importlib.import_module(module).__doc__.replace("``", "")
+  last_paragraph = " ".join(doc.strip().split("\n\n")[-1].split())
+  assert last_paragraph in " ".join(text.split()), last_paragraph
+
+
 #: (command line, what the one line of error says): each a usage error.
 USAGE_ERRORS = [
     (["-m", "sync_replicas.cli.status", "--manifest", "no/such/dir", "--ps",

@@ -163,6 +163,20 @@ def test_merge_command_on_a_directory_without_timeline(tmp_path):
   assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_merge_command_on_a_missing_directory(tmp_path):
+  # It said "no timeline files" (issue 46): the directory is not there.
+  done = subprocess.run(
+      [sys.executable, "-m", "sync_replicas.timeline", str(tmp_path / "no")],
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, PYTHONPATH=support.pythonpath(ROOT)))
+  assert done.returncode == 2, done
+  assert done.stderr == (
+      "sync-replicas-timeline: no such directory: %s. Pass the timeline_dir "
+      "the job's tasks wrote to (the examples: their --timeline_dir).\n"
+      % (tmp_path / "no")), done.stderr
+  assert not (tmp_path / "no").exists()
+
+
 def test_writer_drops_what_does_not_fit_and_never_blocks(tmp_path,
                                                          monkeypatch, caplog):
   monkeypatch.setattr(_timeline_writer, "MAX_PENDING", 3)

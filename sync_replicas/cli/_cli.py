@@ -2,6 +2,7 @@
 
 Owns the tools' exit codes (0 done, 1 could not do it, 2 bad usage, 130
 interrupted), their argument parser (``--help`` from the module docstring,
+options first after its examples,
 ``--version``, a usage error as one line), the check of a ``host:port``
 argument, and ``run``, which ends a tool on Ctrl-C with exit code 130 and no
 traceback.
@@ -61,17 +62,36 @@ def parser(prog, doc, **kwargs):
     prog: The installed name, e.g. ``"sync-replicas-status"``: help and
       errors show it however the tool was started (console script,
       ``python -m``, or a wrapper in tools/).
-    doc: The tool module's docstring, shown whole by ``--help``.
+    doc: The tool module's docstring, shown whole by ``--help``: its
+      summary and examples before the options, the rest after them.
     **kwargs: More ``argparse.ArgumentParser`` arguments.
 
   Returns:
     The parser, with ``--version`` added.
   """
-  result = Parser(prog=prog, description=doc, formatter_class=_Formatter,
-                  **kwargs)
+  description, epilog = help_parts(doc)
+  result = Parser(prog=prog, description=description, epilog=epilog,
+                  formatter_class=_Formatter, **kwargs)
   result.add_argument("--version", action="version",
                       version="%(prog)s (sync_replicas) " + __version__)
   return result
+
+
+def help_parts(doc):
+  """``(description, epilog)`` of ``--help`` from a tool's docstring.
+
+  The summary and the usage examples that follow it come before the
+  options; the rest of the prose after them, where it no longer hides them
+  (a user once scrolled past 45 lines to reach them). RST's double
+  backticks, which the docstrings use for names, are dropped: a terminal
+  shows them as they are.
+  """
+  paragraphs = doc.replace("``", "").strip().split("\n\n")
+  head = 1
+  while head < len(paragraphs) and paragraphs[head].startswith("  "):
+    head += 1  # An example: indented command lines.
+  return ("\n\n".join(paragraphs[:head]),
+          "\n\n".join(paragraphs[head:]) or None)
 
 
 def address(text):
