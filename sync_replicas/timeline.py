@@ -338,16 +338,20 @@ def render(path: str, updates: "typing.Sequence[Update]",
   # Each update's step above its bar, from the last back, skipping one that
   # would touch the previous label: labels at each end ran together
   # ("29993000").
-  gap, placed = (hi - lo) / 30, None
+  # Two tiers, above and below the row: a label that would touch its
+  # neighbour above goes below, so that none goes missing unless both are
+  # taken (a picture once lacked one update's step).
+  gap, placed = (hi - lo) / 30, [None, None]
   for u in reversed(shown):
     at = (u.began + u.released) / 2 - lo
-    if placed is None or placed - at >= gap:
-      ax.text(at, y - 0.4, str(u.step), fontsize=7, ha="center",
-              va="bottom")
-      placed = at
+    for tier, (dy, va) in enumerate(((-0.4, "bottom"), (0.4, "top"))):
+      if placed[tier] is None or placed[tier] - at >= gap:
+        ax.text(at, y + dy, str(u.step), fontsize=7, ha="center", va=va)
+        placed[tier] = at
+        break
   ax.set_yticks(range(len(rows)))
   ax.set_yticklabels(rows)
-  ax.invert_yaxis()
+  ax.set_ylim(len(rows) - 0.25, -0.6)  # Inverted: the first task on top.
   ax.set_xlabel("seconds (chief's clock)")
   ax.set_title(title, fontsize=10)
   ax.legend(handles=[patches.Patch(color=c, label=k)
@@ -355,7 +359,9 @@ def render(path: str, updates: "typing.Sequence[Update]",
             loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=8,
             fontsize=8, frameon=False)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  # Cropped to what is drawn: the legend below the axes left a blank band
+  # under it otherwise.
+  fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)
   pyplot.close(fig)
 
 
@@ -364,9 +370,12 @@ def headline(rows: "dict[str, dict[str, float]]", shown: int,
   """The picture's title: what it shows, whose push the updates waited for
   last, and whose pushes were mostly dropped as stale.
 
-  The name alone misled (issue 38): with a backup, a healthy run's updates
-  wait last for whichever fast replica pushed second, often the chief,
-  while the slow replica's pushes arrive stale and are dropped.
+  The name alone misled: with a backup, a healthy run's updates wait last
+  for whichever fast replica pushed second, often the chief, while the slow
+  replica's pushes arrive stale and are dropped. So the title gives each
+  replica's share of the updates it completed, and names a straggler only
+  when one completed over two thirds and no replica's pushes were mostly
+  stale.
 
   Args:
     rows: ``summary``'s rows.
@@ -375,17 +384,27 @@ def headline(rows: "dict[str, dict[str, float]]", shown: int,
   """
   lines = ["last %d of %d updates" % (shown, updates)]
   slow = straggler(rows)
-  if slow is not None:
-    count = rows[slow]["waited_for_last"]
-    lines.append("waited for last most often: %s (%d of %d updates%s)" % (
-        slow, count, updates, "" if 2 * count > updates else
-        ", no one straggler"))
   stale = [(task, row) for task, row in sorted(rows.items())
            if row["steps"] and 2 * row["stale_pushes"] > row["steps"]]
+  if slow is not None:
+    # Whoever pushes last of the gradients an update needs completes it.
+    # In a healthy run that is any of the fast replicas, often the chief
+    # (it also evaluates and logs): a share, not a verdict. A straggler is
+    # named only when it completes most updates by far and no replica's
+    # pushes were mostly dropped (with backups nobody waits for the slow).
+    shares = sorted(((row["waited_for_last"], task)
+                     for task, row in rows.items() if row["waited_for_last"]),
+                    reverse=True)
+    lines.append("each update's last needed push came from " + ", ".join(
+        "%s in %d" % (task, count) for count, task in shares)
+                 + " of %d" % updates)
+    if 3 * shares[0][0] > 2 * updates and not stale:
+      lines[-1] += ": %s is the straggler the others wait for" % slow
   if stale:
-    lines[-1] += "; mostly stale pushes (too late, dropped): " + ", ".join(
-        "%s (%d of %d)" % (task, row["stale_pushes"], row["steps"])
-        for task, row in stale)
+    lines.append("too late and dropped, which backups allow: most pushes of "
+                 + ", ".join("%s (%d of %d)" % (task, row["stale_pushes"],
+                                                row["steps"])
+                             for task, row in stale))
   return "\n".join(lines)
 
 

@@ -397,3 +397,28 @@ def test_the_trace_of_a_cluster_names_its_slow_worker(tmp_path):
                   rows["worker-1"]["median_token_wait_ms"])
   assert fast_wait > 4 * rows["worker-2"]["median_token_wait_ms"], rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _rows(**waited_and_stale):
+  return {task: {"waited_for_last": w, "steps": 100, "stale_pushes": s}
+          for task, (w, s) in waited_and_stale.items()}
+
+
+@pytest.mark.parametrize("rows, says, not_says", [
+    # Issue 46: a healthy run's title named the chief as the one waited for,
+    # and nothing said that this is no fault.
+    (_rows(**{"chief-0": (55, 9), "worker-0": (20, 11), "worker-1": (25, 5)}),
+     "each update's last needed push came from chief-0 in 55, worker-1 in "
+     "25, worker-0 in 20 of 100", "straggler"),
+    (_rows(**{"chief-0": (5, 0), "worker-0": (90, 0), "worker-1": (5, 0)}),
+     "worker-0 is the straggler the others wait for", "dropped"),
+    # With a backup: the fast replicas complete the updates, the slow one's
+    # pushes are dropped, and no straggler is named.
+    (_rows(**{"chief-0": (80, 0), "worker-0": (0, 100), "worker-1": (20, 0)}),
+     "\ntoo late and dropped, which backups allow: most pushes of worker-0 "
+     "(100 of 100)", "straggler"),
+], ids=["healthy", "straggler", "backup"])
+def test_the_pictures_title_says_what_the_waits_mean(rows, says, not_says):
+  title = timeline.headline(rows, 20, 100)
+  assert title.startswith("last 20 of 100 updates\n"), title
+  assert says in title and not_says not in title, title
