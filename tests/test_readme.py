@@ -203,6 +203,11 @@ def test_quick_start_runs_under_the_launcher(tmp_path):
                       out, re.M)
     assert [d[:2] for d in done] == [(job, str(index))], (label, out[-6000:])
     assert STEPS <= int(done[0][2]) <= STEPS + 1, out[-6000:]
+  # README says the ps exits 0 once every replica is done: the launcher
+  # lets it, and says so (it used to stop it, saying nothing).
+  assert "[ps0] ps 0 done: every replica is\n" in out, out[-6000:]
+  assert "[launch] ps0 exited 0\n" in out, out[-6000:]
+  assert "ps0 stopped" not in out, out[-6000:]
   # TF_CPP_MIN_LOG_LEVEL=2 from the launcher: none of TensorFlow's C++ INFO
   # or WARNING lines (issue 38: about 14 per task), but for 2.21's oneDNN
   # notice, which ignores it (README says so, and how to turn it off).
