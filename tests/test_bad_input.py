@@ -11,6 +11,7 @@ launch was started.
 
 import io
 import json
+import os
 import pathlib
 import re
 import signal
@@ -58,6 +59,37 @@ def test_status_names_an_unreachable_ps_and_how_to_reach_it(tmp_path, capsys,
                     r"started; " % port, err)
   assert found and int(found.group(1)) >= 2, err
   assert "--enter PID" not in err or "launches running now: " in err, err
+  assert state() == [0, 1, [1]]
+
+
+def test_status_says_a_job_that_ended_meanwhile_has_ended(capsys, half_way,
+                                                         monkeypatch):
+  # A walk through README saw it: TensorFlow's import took 40 s on a loaded
+  # machine, the job ended meanwhile, and the read timed out. When the job
+  # does not answer, the tool asks again whether it has ended (here: its
+  # chief, as the manifest records it, "has exited"), and says that instead.
+  _, path, state, _, _ = half_way
+  port = _free_port()
+  manifest = json.loads(pathlib.Path(path).read_text())
+  asked = []
+
+  def has_exited(writer):  # Running at the tool's start, gone at the read.
+    asked.append(writer)
+    return writer == manifest["writer"] and len(asked) > 1
+
+  monkeypatch.setattr(
+      status_tool._process, "has_exited",  # pylint: disable=protected-access
+      has_exited)
+  code, out, err = _status(["--manifest", path, "--ps", "127.0.0.1:%d" % port,
+                            "--timeout", "2"], capsys)
+  assert code == 1 and not out
+  assert err == (
+      "sync-replicas-status: the job that wrote %s has ended: its chief (pid "
+      "%d) has exited, and nothing listens on port %d any more. Its sync "
+      "state ended with it; its checkpoints, logs and timeline (if it "
+      "recorded one: sync-replicas-timeline DIR) remain.\n" % (
+          path, os.getpid(), port)), err
+  assert len(asked) == 2, asked  # Once before the read, once after it.
   assert state() == [0, 1, [1]]
 
 

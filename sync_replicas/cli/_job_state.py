@@ -93,7 +93,8 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
   return lines
 
 
-def watch(args, *, find_target, out, clock, prog, started=None):
+def watch(args, *, find_target, out, clock, prog, started=None,
+          ended=None):
   """Prints the state of the job; returns the exit code.
 
   Once, or with ``args.watch`` every ``args.interval`` s until
@@ -110,6 +111,8 @@ def watch(args, *, find_target, out, clock, prog, started=None):
     prog: The tool's name, in front of an error.
     started: When the tool started (``time.monotonic()``), for the time an
       error says it took (default: now).
+    ended: Returns why the job has ended, or None: asked when the job does
+      not answer, as it may have ended while the tool started.
   """
   started = time.monotonic() if started is None else started
   try:
@@ -141,6 +144,10 @@ def watch(args, *, find_target, out, clock, prog, started=None):
       _show(sess, ops, manifest, args, target=target, out=out, clock=clock)
       return _cli.EXIT_OK
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+    gone = ended() if ended is not None else None
+    if gone:  # It ended while the tool started (TensorFlow's import).
+      _cli.say(prog, gone)
+      return _cli.EXIT_FAILED
     # The time it says is the time it took, TensorFlow's start included
     # (a user once counted 15.9 s against a stated 10).
     _cli.say(prog, "could not reach the job at %s: no answer within --timeout "

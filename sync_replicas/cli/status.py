@@ -186,6 +186,18 @@ def _has_ended(file, target, namespace):
   return None
 
 
+def _ended_line(file, target, namespace):
+  """The tool's line saying that the job has ended, or None."""
+  if not (file and target and sys.platform.startswith("linux")):
+    return None
+  why = _has_ended(file, target, namespace)
+  if not why:
+    return None
+  return ("the job that wrote %s has ended: %s. Its sync state ended with "
+          "it; its checkpoints, logs and timeline (if it recorded one: "
+          "sync-replicas-timeline DIR) remain." % (file, why))
+
+
 def _namespace_in_use(namespace):
   """Whether a process that this user may see runs in the network namespace
   ``namespace`` (its inode)."""
@@ -253,11 +265,9 @@ def _before_threads(argv):
     target = None  # Reported after the manifest is read, in its order.
   namespace = _recorded_namespace(file) if file else None
   linux = sys.platform.startswith("linux")
-  ended = file and target and linux and _has_ended(file, target, namespace)
+  ended = _ended_line(file, target, namespace)
   if ended:
-    _cli.say(PROG, "the job that wrote %s has ended: %s. Its sync state "
-             "ended with it; its checkpoints, logs and timeline (if it "
-             "recorded one: sync-replicas-timeline DIR) remain." % (file, ended))
+    _cli.say(PROG, ended)
     return _cli.EXIT_FAILED
   if missing:
     _cli.say(PROG, missing)
@@ -278,8 +288,21 @@ def _main(argv, *, out, clock, started):
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
   # Imported only now: --help and bad arguments answer without TensorFlow.
   from sync_replicas.cli import _job_state  # pylint: disable=g-import-not-at-top
+  file, _ = _local_manifest(args.manifest)
+
+  def ended():
+    # Asked again when the job does not answer: it may have ended while
+    # TensorFlow loaded. In the namespace the tool may have entered since.
+    try:
+      target = _target(args)
+    except ValueError:
+      return None
+    return _ended_line(file, target, _recorded_namespace(file) if file
+                       else None)
+
   return _job_state.watch(args, find_target=lambda: _target(args), out=out,
-                          clock=clock, prog=PROG, started=started)
+                          clock=clock, prog=PROG, started=started,
+                          ended=ended)
 
 
 if __name__ == "__main__":
