@@ -195,9 +195,12 @@ def _train(args, task, server):
       if log is not None and not nothing_to_train:
         final_loss, final_accuracy, final_step = evaluate()
     if nothing_to_train:
+      # The chief's session creation still wrote a checkpoint and an
+      # events file (MonitoredTrainingSession's hooks): the same step.
       _LOG.info("%s: nothing to train, the global step is %d and --steps %d "
-                "(%s is left as it was; a larger --steps trains on)",
-                _task.name(task), at, args.steps, args.logdir)
+                "(the plot and timeline in %s are left as they were; a "
+                "larger --steps trains on)", _task.name(task), at, args.steps,
+                args.logdir)
       return 0
     if log is None:
       _LOG.info("%s done after %d train-op runs", _task.name(task),
