@@ -222,9 +222,12 @@ def test_quick_start_runs_under_the_launcher(tmp_path):
 def _printed_commands(text):
   """The command lines of README's shell blocks that run an installed tool
   or an example, as printed (comments dropped)."""
-  found = []
-  for block in re.findall(r"^```\n(.*?)^```$", text, re.S | re.M):
-    for line in block.splitlines():
+  found, fence = [], None  # fence: the open block's language, "" for none
+  for line in text.splitlines():
+    if line.startswith("```"):
+      fence = line[3:].strip() if fence is None else None
+      continue
+    if fence == "":  # A shell block (a python block's lines are code).
       command = line.split("  #", 1)[0].strip()
       if command.startswith(("sync-replicas-", "python -m examples.")):
         found.append(command)
