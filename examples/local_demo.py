@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import sync_replicas  # sync_replicas:
+from examples import _task
 
 _LOG = logging.getLogger("examples.local_demo")
 
@@ -92,6 +93,11 @@ def main(argv=None):
     raise SystemExit("--backups must be in [0, --workers), got %d with "
                      "--workers %d" % (args.backups, args.workers))
   cluster = sync_replicas.LocalCluster(num_workers=args.workers, num_ps=1)
+  # Of use only while it trains (a few seconds); run later, the tool says
+  # that the job has ended.
+  _LOG.info("its sync state, from another terminal while it trains: %s "
+            "--manifest %s --ps %s", _task.command("sync-replicas-status"),
+            args.logdir, cluster.cluster_spec.task_address("ps", 0))
   true_w = np.linspace(-1.0, 1.0, 8).astype(np.float32)
   results = {}
   chief_ready = threading.Event()

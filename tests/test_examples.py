@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -404,3 +405,33 @@ def _ran(target, fetch, config):
   except (tf.errors.UnavailableError, tf.errors.AbortedError,
           tf.errors.DeadlineExceededError):
     return False
+
+
+@pytest.mark.timeout(300)
+def test_local_demo_trains_and_its_status_hint_says_when_the_job_ended(
+    tmp_path):
+  # Issue 46, item 2: the demos' status hints were a dead end once the job
+  # had ended. local_demo prints its hint first; run after the end, as
+  # printed, it says at once that the job has ended.
+  logdir = tmp_path / "local_demo"
+  done = subprocess.run(
+      [sys.executable, "-m", "examples.local_demo", "--steps", "40",
+       "--log-every", "10",
+       "--logdir", str(logdir)], cwd=ROOT, env=_env(), capture_output=True,
+      text=True, timeout=240)
+  assert done.returncode == 0, done.stderr[-4000:]
+  hint = re.search(r"^its sync state, from another terminal while it trains: "
+                   r"(.*)$", done.stderr, re.M)
+  assert hint and hint.start() < done.stderr.find("step "), done.stderr
+  argv = hint.group(1).split()
+  assert os.path.basename(argv[0]) == "sync-replicas-status", argv
+  assert argv[1:3] == ["--manifest", str(logdir)], argv
+  start = time.monotonic()
+  after = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True,
+                         text=True, timeout=60)
+  secs = time.monotonic() - start
+  assert after.returncode == 1, after
+  assert after.stderr.startswith(
+      "sync-replicas-status: the job that wrote %s has ended: its chief "
+      "(pid " % (logdir / "sync_manifest.json")), after.stderr
+  assert secs < 10, "took %.1f s" % secs
