@@ -7,6 +7,7 @@ check afterwards that none of them is still alive.
 """
 
 import json
+import os
 import pathlib
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 import support
+import sync_replicas
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The launcher as ``python -m`` runs it (tools/launch is a wrapper of it;
@@ -22,8 +24,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ["-m", "sync_replicas.cli.launch"]
 
 # argv: piddir, then "name=behaviour" pairs; a task without one exits 0.
-# Behaviours: exit:N (after 0.3 s), late (exits 0 after 1 s, once the
-# replicas have), forever, forever-child (also starts a child in its process
+# Behaviours: exit:N (after 0.3 s), late (exits 0 0.3 s after the launcher
+# has reaped every replica), forever, forever-child (also starts a child in its process
 # group), stubborn (ignores SIGTERM).
 _TASK = r"""
 import json, os, signal, subprocess, sys, time
@@ -46,8 +48,22 @@ with open(os.path.join(piddir, name + ".pid"), "w") as f:
 if what.startswith("exit:"):
   time.sleep(0.3)
   sys.exit(int(what[5:]))
+def gone(task):
+  try:
+    with open(os.path.join(piddir, task + ".pid")) as f:
+      os.kill(int(f.read().split()[0]), 0)
+  except ProcessLookupError:
+    return True  # It ran, and the launcher has reaped it.
+  except (OSError, ValueError, IndexError):
+    pass  # Not started, or its file half written.
+  return False
 if what == "late":
-  time.sleep(1.0)
+  replicas = ["chief0"] + ["worker%d" % i
+                           for i in range(len(cfg["cluster"].get("worker", [])))]
+  end = time.time() + 30
+  while not all(gone(r) for r in replicas) and time.time() < end:
+    time.sleep(0.05)
+  time.sleep(0.3)
   sys.exit(0)
 time.sleep(600)
 """
@@ -58,7 +74,12 @@ def _launch(tmp_path, plan, *launch_args, timeout=60):
   cmd = [sys.executable, *LAUNCH, *launch_args, "--",
          sys.executable, "-c", _TASK, str(tmp_path)] + [
              "%s=%s" % kv for kv in plan.items()]
-  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+  # From tmp_path, with the package this test imported first on the path:
+  # tools/knockout's patched copy, when it runs these tests (from the
+  # checkout, python -m would import the checkout's).
+  env = dict(os.environ, PYTHONPATH=support.pythonpath(
+      pathlib.Path(sync_replicas.__file__).resolve().parents[1]))
+  proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True)
   try:
     out, _ = proc.communicate(timeout=timeout)
