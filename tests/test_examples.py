@@ -31,6 +31,10 @@ from sync_replicas import timeline
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tools" / "launch"
+#: Where the examples this test imported live: the checkout, or
+#: tools/knockout's patched copy, which the tasks (python -m from there)
+#: must then run too.
+IMPORTED_ROOT = pathlib.Path(_task.__file__).resolve().parents[1]
 HAS_ESTIMATOR = digits_estimator.estimator_module() is not None
 _FINAL = re.compile(r"final test accuracy (\d\.\d+)")
 
@@ -47,7 +51,7 @@ def _launch(cluster_args, module, *argv, timeout=150, env=None):
   """Runs ``module`` under tools/launch; returns its output, checks exit 0."""
   cmd = [sys.executable, str(LAUNCH), *cluster_args, "--timeout",
          str(timeout), "--", sys.executable, "-m", module, *argv]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env or _env(),
+  proc = subprocess.Popen(cmd, cwd=IMPORTED_ROOT, env=env or _env(),
                           stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, start_new_session=True)
   try:
