@@ -335,20 +335,7 @@ def render(path: str, updates: "typing.Sequence[Update]",
                              (u.applied, u.released, "release tokens")):
       ax.broken_barh([(start - lo, end - start)], (y - 0.35, 0.7),
                      color=_COLORS[kind])
-  # Each update's step above its bar, from the last back, skipping one that
-  # would touch the previous label: labels at each end ran together
-  # ("29993000").
-  # Two tiers, above and below the row: a label that would touch its
-  # neighbour above goes below, so that none goes missing unless both are
-  # taken (a picture once lacked one update's step).
-  gap, placed = (hi - lo) / 30, [None, None]
-  for u in reversed(shown):
-    at = (u.began + u.released) / 2 - lo
-    for tier, (dy, va) in enumerate(((-0.4, "bottom"), (0.4, "top"))):
-      if placed[tier] is None or placed[tier] - at >= gap:
-        ax.text(at, y + dy, str(u.step), fontsize=7, ha="center", va=va)
-        placed[tier] = at
-        break
+  _label_steps(ax, shown, y, lo, hi)
   ax.set_yticks(range(len(rows)))
   ax.set_yticklabels(rows)
   ax.set_ylim(len(rows) - 0.25, -0.6)  # Inverted: the first task on top.
@@ -363,6 +350,24 @@ def render(path: str, updates: "typing.Sequence[Update]",
   # under it otherwise.
   fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)
   pyplot.close(fig)
+
+
+def _label_steps(ax, shown, y, lo, hi):
+  """Each update's step beside its bar on row ``y``, from the last back.
+
+  Two tiers, above and below the row: a label that would touch its
+  neighbour above goes below, so that none goes missing unless both are
+  taken (a picture once lacked one update's step; labels at each end ran
+  together, "29993000", before any was skipped).
+  """
+  gap, placed = (hi - lo) / 30, [None, None]
+  for u in reversed(shown):
+    at = (u.began + u.released) / 2 - lo
+    for tier, (dy, va) in enumerate(((-0.4, "bottom"), (0.4, "top"))):
+      if placed[tier] is None or placed[tier] - at >= gap:
+        ax.text(at, y + dy, str(u.step), fontsize=7, ha="center", va=va)
+        placed[tier] = at
+        break
 
 
 def headline(rows: "dict[str, dict[str, float]]", shown: int,

@@ -144,22 +144,27 @@ def watch(args, *, find_target, out, clock, prog, started=None,
       _show(sess, ops, manifest, args, target=target, out=out, clock=clock)
       return _cli.EXIT_OK
   except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
-    gone = ended() if ended is not None else None
-    if gone:  # It ended while the tool started (TensorFlow's import).
-      _cli.say(prog, gone)
-      return _cli.EXIT_FAILED
-    # The time it says is the time it took, TensorFlow's start included
-    # (a user once counted 15.9 s against a stated 10).
-    _cli.say(prog, "could not reach the job at %s: no answer within --timeout "
-             "%.0f s (%.0f s since the tool started; %s: %s). Is the job "
-             "running and the address right?%s" % (
-                 target, args.timeout, time.monotonic() - started,
-                 type(e).__name__, _gist(e.message), _launches_hint(prog)))
+    _cli.say(prog, (ended() if ended is not None else None) or _unreachable(
+        e, target=target, timeout=args.timeout, started=started, prog=prog))
     return _cli.EXIT_FAILED
   except tf.errors.OpError as e:
     _cli.say(prog, "could not read the sync state from %s: %s: %s"
              % (target, type(e).__name__, _gist(e.message)))
     return _cli.EXIT_FAILED
+
+
+def _unreachable(error, *, target, timeout, started, prog):
+  """The line for a job that did not answer (and has not ended, as far as
+  the tool can tell: it may have ended while TensorFlow loaded, which
+  ``ended`` answers first). The time it says is the time it took,
+  TensorFlow's start included (a user once counted 15.9 s against a stated
+  10)."""
+  return ("could not reach the job at %s: no answer within --timeout %.0f s "
+          "(%.0f s since the tool started; %s: %s). Is the job running and "
+          "the address right?%s" % (
+              target, timeout, time.monotonic() - started,
+              type(error).__name__, _gist(error.message),
+              _launches_hint(prog)))
 
 
 def _launches_hint(prog):
