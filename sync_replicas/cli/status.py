@@ -178,7 +178,7 @@ def _has_ended(file, target, namespace):
     if _namespace_in_use(namespace):
       return None
     return ("the network namespace it ran in (a confined launch's) holds no "
-            "process any more")
+            "process that this user may see any more")
   writer = _recorded(file, "writer")
   if _process.has_exited(writer) and not _confine.listens(int(port)):
     return ("its chief (pid %d) has exited, and nothing listens on port %s "
