@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _packing
+from sync_replicas import _transfer
 
 # The TensorFlow logger's child, as the statistics' lines: a script that
 # sets TensorFlow's verbosity to INFO sees the summary line.
@@ -211,9 +212,10 @@ def _groups(packable):
   return groups
 
 
-def _packed_parts(consumer_device, variables):
+def _packed_parts(consumer_device, variables, wire):
   """One packed read of ``variables`` (one task, one dtype), split back on
-  ``consumer_device``."""
+  ``consumer_device``; a float32 one crosses in ``wire``'s dtype
+  (``_transfer``), cast back there: the master copies stay float32."""
   # Cleared: the caller's device function and control dependencies (an
   # apply_gradients under `control_dependencies(update_ops)`, the usual
   # batch-norm recipe) would move the reads or order them after ops that
@@ -225,18 +227,21 @@ def _packed_parts(consumer_device, variables):
       values = [var.read_value() for var in variables]
       packed = tf.concat([_packing.flat(v) for v in values], axis=0,
                          name="packed_values")
+      sent = wire.encode(packed)
     with tf.compat.v1.device(consumer_device or None):
       return _packing.split_to_shapes(
-          packed, [v.shape for v in values], name="unpacked_values")
+          wire.decode(sent, packed.dtype, packed.shape),
+          [v.shape for v in values], name="unpacked_values")
 
 
-def rewire(grads_and_vars, *, scope):
+def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
   """Reroutes the cross-task reads of the variables trained to packed reads.
 
   Args:
     grads_and_vars: The pairs ``apply_gradients`` got; variables with a
       gradient are the ones whose reads may move.
     scope: Our name scope (the ops added go under ``<scope>packed_reads``).
+    wire: The ``_transfer`` unit the packed reads cross in.
 
   Returns:
     A ``Report``.
@@ -255,7 +260,7 @@ def rewire(grads_and_vars, *, scope):
       if len(by_var) < 2:
         found.left_plain[ALONE] += sum(len(e) for e in by_var.values())
         continue
-      parts = _packed_parts(consumer_device, list(by_var))
+      parts = _packed_parts(consumer_device, list(by_var), wire)
       packed_reads += 1
       for (var, edges), part in zip(by_var.items(), parts, strict=True):
         for read, consumer, index in edges:
@@ -285,15 +290,15 @@ def _log(report):
 class PackedVariableReads:
   """``pack_variable_reads=True``: ``rewire`` at the start of the build."""
 
-  def build(self, grads_and_vars, *, scope):
-    return rewire(grads_and_vars, scope=scope)
+  def build(self, grads_and_vars, *, scope, wire):
+    return rewire(grads_and_vars, scope=scope, wire=wire)
 
 
 class NoPackedVariableReads:
   """``pack_variable_reads=False``: the graph is left as it is."""
 
-  def build(self, grads_and_vars, *, scope):
-    del grads_and_vars, scope
+  def build(self, grads_and_vars, *, scope, wire):
+    del grads_and_vars, scope, wire
     return None
 
 
