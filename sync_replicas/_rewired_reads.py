@@ -22,7 +22,9 @@ nothing crosses.
 What is left a plain read, and counted in the log line: variables too large
 to pack (``_packing.MAX_PACKED_ELEMENTS``; their cost is bandwidth), of a
 non-float dtype, without a device (a local run) or alone on their (ps task,
-dtype); reads made under control dependencies (packing would order the whole
+dtype), except that with ``transfer_dtype`` a float32 variable too large or
+alone gets a 16-bit read of its own (``_transfer``: the cast halves the
+bandwidth); reads made under control dependencies (packing would order the whole
 group after them); reads and consumers inside control flow or a function
 (a ``cond``'s or ``while_loop``'s own reads, which the rewrite cannot reach);
 and gathers, which read rows, not the variable. A read moves whole (every
@@ -137,11 +139,17 @@ def _edges(tensor, here):
 
 class _Found:
   """The cross-task reads of the trained variables, sorted into packable
-  ``(read, [(consumer, index), ...])`` per variable and counted others."""
+  ``(read, [(consumer, index), ...])`` per variable and counted others.
 
-  def __init__(self):
+  With ``wire`` compressing a dtype (``transfer_dtype``), a variable of it
+  too large to pack is still rerouted, to a 16-bit read of its own: its
+  cost is bandwidth, which is what the cast halves.
+  """
+
+  def __init__(self, wire):
     self.packable = collections.OrderedDict()  # var -> [(read, edges)]
     self.left_plain = collections.Counter()
+    self._wire = wire
 
   def variable(self, var):
     here = _task(var.device)
@@ -170,13 +178,12 @@ class _Found:
     else:
       self.packable[var] = reads
 
-  @staticmethod
-  def _unpackable(var):
+  def _unpackable(self, var):
     if not var.device:
       return NO_DEVICE
     if not var.dtype.base_dtype.is_floating:
       return NOT_FLOAT
-    if not _packing.small(var):
+    if not _packing.small(var) and not self._wire.compresses(var.dtype):
       return HUGE
     return None
 
@@ -191,8 +198,8 @@ def _groups(packable):
   joins that task's group instead of costing a transfer of its own.
 
   Returns:
-    ``{(task, variable device, dtype): [split device, {var: [(read,
-    consumer, index), ...]}]}``.
+    ``{(task, variable device, dtype, None or a large variable's name):
+    [split device, {var: [(read, consumer, index), ...]}]}``.
   """
   named = {_task(consumer.device)
            for reads in packable.values() for _, edges in reads
@@ -203,7 +210,10 @@ def _groups(packable):
     for read, edges in reads:
       devices = [c.device for c, _ in edges if c.device] or [""]
       task = _task(devices[0]) if devices[0] else default
-      key = (task, var.device, var.dtype.base_dtype)
+      # A large variable (only packable with transfer_dtype) is read on its
+      # own: a concatenation would copy it once more.
+      key = (task, var.device, var.dtype.base_dtype,
+             None if _packing.small(var) else var.op.name)
       group = groups.setdefault(key, [devices[0], collections.OrderedDict()])
       if not group[0]:
         group[0] = devices[0]
@@ -246,7 +256,7 @@ def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
   Returns:
     A ``Report``.
   """
-  found = _Found()
+  found = _Found(wire)
   seen = set()
   for grad, var in grads_and_vars:
     if grad is not None and var.op.name not in seen:
@@ -257,7 +267,8 @@ def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
   with tf.compat.v1.name_scope(scope), tf.compat.v1.name_scope(
       "packed_reads"):
     for consumer_device, by_var in _groups(found.packable).values():
-      if len(by_var) < 2:
+      # One variable gains from a packed read only by its cast.
+      if len(by_var) < 2 and not wire.compresses(next(iter(by_var)).dtype):
         found.left_plain[ALONE] += sum(len(e) for e in by_var.values())
         continue
       parts = _packed_parts(consumer_device, list(by_var), wire)

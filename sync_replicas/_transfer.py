@@ -100,6 +100,10 @@ class NoCompression:
 
   dtype = None
 
+  def compresses(self, dtype):
+    del dtype
+    return False
+
   def encode(self, tensor):
     return tensor
 
@@ -137,6 +141,10 @@ class Compression:
     # that no stock op name changes.
     self._scope = scope + "transfer_dtype/"
     self._encoded = 0
+
+  def compresses(self, dtype):
+    """True for float32 (a variable's ref dtype too): what crosses in 16 bits."""
+    return dtype.base_dtype == tf.float32
 
   def encode(self, tensor):
     """The wire form of a float32 ``tensor`` (others are returned as they are).

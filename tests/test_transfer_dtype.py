@@ -26,7 +26,10 @@ from sync_replicas import _transfer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LR = 0.5  # A power of two: the update's product rounds nowhere.
-DENSE = {"a": ([4], 0), "b": ([3, 2], 0), "c": ([5], 1), "e": ([2, 2], 1)}
+# "big" is over the packing limit (32768 elements): its gradient crosses on
+# its own unless fused, its read on its own with transfer_dtype.
+DENSE = {"a": ([4], 0), "b": ([3, 2], 0), "c": ([5], 1), "e": ([2, 2], 1),
+         "big": ([32769], 1)}
 ROWS = [1, 4]  # The sparse table's rows every push carries.
 WAVES = 3
 
@@ -42,7 +45,10 @@ PATHS = {
     "packed_reads": dict(pack_variable_reads=True),
     "fused_reads": dict(fuse_dense_gradients=True, pack_variable_reads=True),
 }
-GROUPS = [["a", "b"], ["c", "e"]]  # By ps task, in build order.
+# What crosses together (one float16 scale): a task's small variables; every
+# test value is under 2**15 but the 1e6 one in "a", so fusing "big" with "c"
+# and "e" or not makes no difference to the numbers.
+GROUPS = [["a", "b"], ["c", "e"], ["big"]]
 
 
 def _initial():
@@ -286,13 +292,16 @@ def test_the_bytes_that_cross_are_16_bit(dtype):
   """Traced: every float32 push and packed read crosses in 16 bits."""
   off = _crossing(PATHS["packed_reads"])
   on = _crossing(dict(PATHS["packed_reads"], transfer_dtype=dtype))
-  # Pushes: two packed groups and the table's rows, then the float64 one.
-  assert _values(off, "worker") == {"float32": 3, "float64": 1}, off
-  assert _values(on, "worker") == {dtype: 3, "float64": 1}, on
-  # Reads: the two packed reads (the table is gathered on the worker, and
-  # the float64 variable's value is not needed for its gradient).
-  assert _values(off, "ps") == {"float32": 2}, off
-  assert _values(on, "ps") == {dtype: 2}, on
+  # Pushes: two packed groups, the large gradient and the table's rows,
+  # then the float64 one.
+  assert _values(off, "worker") == {"float32": 4, "float64": 1}, off
+  assert _values(on, "worker") == {dtype: 4, "float64": 1}, on
+  # Reads: the two packed reads and the large variable's (the table is
+  # gathered on the worker, and the float64 variable's value is not needed
+  # for its gradient). Off, the large one's two reads (v * x, v * v) are
+  # plain; on, one 16-bit read of its own serves both.
+  assert _values(off, "ps") == {"float32": 4}, off
+  assert _values(on, "ps") == {dtype: 3}, on
 
 
 def _graph_def(**options):
