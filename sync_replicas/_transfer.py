@@ -210,23 +210,26 @@ class Compression:
     reshaped to ``like``'s rows).
     """
     if not isinstance(like, tf.IndexedSlices):
-      return self.decode(wire, like.dtype, _known(shape, like))
+      return self.decode(wire, like.dtype, self._shape(shape, like))
     values = self.decode(wire.values, like.dtype,
-                         _known(like.values.shape, like.values))
+                         self._shape(like.values.shape, like.values))
     return tf.IndexedSlices(values, wire.indices, wire.dense_shape)
+
+  def _shape(self, shape, tensor):
+    """What float16's decode reshapes to: ``shape`` if no more than its
+    first dimension is unknown, else ``tensor``'s dynamic shape, read beside
+    it (a small int32 transfer; never ``tensor`` itself). bfloat16 keeps
+    the shape through its cast and needs none."""
+    if self.dtype != tf.float16 or (shape.rank is not None and all(
+        d is not None for d in shape[1:])):
+      return shape
+    with tf.compat.v1.colocate_with(tensor), tf.compat.v1.name_scope(
+        self._scope):
+      return tf.shape(tensor, name="shape")
 
   def log(self):
     _LOG.info("transfer_dtype: %d float32 tensors per step now cross as %s",
               self._encoded, self.dtype.name)
-
-
-def _known(shape, tensor):
-  """``shape`` if no more than its first dimension is unknown, else the
-  dynamic shape of ``tensor`` (read where it was made: a rare extra int32
-  transfer, only for float16)."""
-  if shape.rank is not None and all(d is not None for d in shape[1:]):
-    return shape
-  return tf.shape(tensor)
 
 
 def codec(dtype, *, scope):

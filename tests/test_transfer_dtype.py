@@ -402,3 +402,29 @@ def test_an_unchanged_script_sends_16_bits_from_the_environment(tmp_path):
   assert done.returncode == 0, done.stderr[-4000:]
   # One cast for the packed gradients of w and b, one for their packed read.
   assert done.stdout == "['bfloat16', 'bfloat16']\n", done.stderr[-4000:]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_gradient_of_unknown_shape_crosses_in_16_bits_too(graph, dtype):
+  """float16 reshapes on arrival: an unknown shape is read beside the
+  gradient (int32), never by a ps op taking the float32 gradient."""
+  del graph
+  with tf.compat.v1.device("/job:ps/task:0"):
+    step = tf.compat.v1.train.get_or_create_global_step()
+    var = tf.compat.v1.get_variable(
+        "u", initializer=tf.fill(tf.compat.v1.placeholder_with_default(
+            [2, 3], [2]), 0.0), validate_shape=False)
+  assert var.shape.as_list() == [None, None]
+  with tf.compat.v1.device("/job:worker/task:0"):
+    grad = tf.compat.v1.placeholder(tf.float32, [None, None])
+    support.OURS(support.sgd(), replicas_to_aggregate=1,
+                 transfer_dtype=dtype).apply_gradients([(grad, var)],
+                                                       global_step=step)
+  graph = tf.compat.v1.get_default_graph()
+  crossing = {(t.dtype.name, t.op.type) for op in graph.get_operations()
+              if op.device.startswith("/job:ps")
+              for t in op.inputs if t.op.device.startswith("/job:worker")}
+  # Besides: the local step's handle, and float16's shape.
+  assert {d for d, _ in crossing} <= {dtype, "int32", "resource"}, crossing
+  assert (dtype, "Cast" if dtype == "bfloat16" else "ConcatV2") in crossing
+  assert (("int32", "Shape") in crossing) == (dtype == "float16"), crossing
