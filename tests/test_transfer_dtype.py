@@ -40,6 +40,8 @@ _CLUSTER = support.SharedCluster(num_workers=2, num_ps=2)
 # gradients.
 PATHS = {
     "direct": dict(pack_gradient_transfers=False),
+    # The sparse rows cross with the count row appended on the worker.
+    "replica_mean": dict(sparse_reduction="replica_mean"),
     "packed": dict(),
     "fused": dict(fuse_dense_gradients=True),
     "packed_reads": dict(pack_variable_reads=True),
@@ -200,7 +202,8 @@ def expected(path, dtype, *, big):
     for n in list(DENSE) + ["d64"]:
       mean = (pushed[0][n] + pushed[1][n]) / 2
       state[n] = state[n] - (LR * mean).astype(state[n].dtype)
-    # Row mean: both pushes carry the same rows.
+    # Row mean (and replica mean: every push has them): both pushes carry
+    # the same rows.
     mean = (pushed[0]["table"] + pushed[1]["table"]) / 2
     state["table"][ROWS] = state["table"][ROWS] - LR * mean
   return state
