@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from sync_replicas import _checks
 from sync_replicas import _compat
+from sync_replicas import _transfer
 
 #: The sparse reduction that divides each summed row by the number of
 #: aggregated gradients (``_checks.SPARSE_REDUCTIONS`` lists them all).
@@ -95,7 +96,8 @@ def check_sparse_reduction(grads_and_vars, reduction):
 
 
 def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
-          sparse_reduction=_checks.ROW_MEAN, arrive=lambda grad: grad):
+          sparse_reduction=_checks.ROW_MEAN, arrive=lambda grad: grad,
+          wire=_transfer.UNCOMPRESSED):
   """Creates the accumulator for one (gradient, variable) pair.
 
   Must be called inside the variable's device scope and the optimizer's name
@@ -114,6 +116,9 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
     arrive: Applied, in the variable's device scope, to exactly what the
       push receives (the statistics order it after their pre-push read
       there: ``_stats.Statistics.order_gradient``).
+    wire: The ``_transfer`` unit: what the push receives crosses encoded
+      beside the gradient and is decoded here, before ``arrive``; the
+      accumulator keeps ``grad``'s dtype.
 
   Returns:
     An ``AccumulatorOps``; ``take`` has the same kind as ``grad``.
@@ -122,28 +127,35 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
     accum = tf.compat.v1.ConditionalAccumulator(
         grad.dtype, shape=var.get_shape(),
         shared_name=shared_name(var, prefix))
-    push = accum.apply_grad(arrive(grad), local_step=local_step)
+    push = accum.apply_grad(arrive(_cross(wire, grad, var.get_shape())),
+                            local_step=local_step)
     take = accum.take_grad(replicas_to_aggregate)
   elif sparse_reduction == _checks.ROW_MEAN:
     # Sparse accumulators learn the row shape from the first gradient, which
     # is why stock passes shape=() here.
     accum = tf.compat.v1.SparseConditionalAccumulator(
         grad.dtype, shape=(), shared_name=shared_name(var, prefix))
-    push = accum.apply_indexed_slices_grad(arrive(grad),
-                                           local_step=local_step)
+    push = accum.apply_indexed_slices_grad(
+        arrive(_cross(wire, grad, var.get_shape())), local_step=local_step)
     take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   else:
     return _build_sparse_sum(
         grad, var, local_step=local_step,
         replicas_to_aggregate=replicas_to_aggregate, prefix=prefix,
-        count_rows=sparse_reduction == REPLICA_MEAN, arrive=arrive)
+        count_rows=sparse_reduction == REPLICA_MEAN, arrive=arrive,
+        wire=wire)
   return AccumulatorOps(accum, var.device, push, take, var.op.name,
                         shared_name(var, prefix), var.shape,
                         not _compat.is_dense_gradient(grad))
 
 
+def _cross(wire, grad, shape):
+  """``grad`` as the push receives it: encoded beside it, decoded here."""
+  return wire.receive(wire.send(grad), grad, shape)
+
+
 def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
-                      count_rows, arrive):
+                      count_rows, arrive, wire):
   """A SUM accumulator for ``"sum"``, or for ``"replica_mean"`` if counting.
 
   Counting appends a row of ones at index ``rows`` to every push. The take
@@ -167,7 +179,9 @@ def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
     shape = tf.TensorShape([rows + 1]).concatenate(shape[1:])
     with tf.compat.v1.name_scope("replica_mean"):
       grad = _append_count_row(grad, rows, var)
-  push = accum.apply_indexed_slices_grad(arrive(grad), local_step=local_step)
+  # After the count row: it crosses with the rows (ones are exact in 16 bits).
+  push = accum.apply_indexed_slices_grad(arrive(_cross(wire, grad, shape)),
+                                         local_step=local_step)
   take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   if count_rows:
     with tf.compat.v1.name_scope("replica_mean"):

@@ -26,6 +26,7 @@ import tensorflow as tf
 from sync_replicas import _accumulators
 from sync_replicas import _compat
 from sync_replicas import _packing
+from sync_replicas import _transfer
 
 Group = collections.namedtuple("Group", ["device", "dtype", "pairs"])
 
@@ -50,13 +51,15 @@ def shared_name(name, group):
 
 
 def build(group, *, name, local_step, replicas_to_aggregate,
-          arrive=lambda packed: packed):
+          arrive=lambda packed: packed, wire=_transfer.UNCOMPRESSED):
   """Builds one fused accumulator for ``group``.
 
   The concatenation is built in the caller's device scope (the worker), so
   one tensor crosses to the ps; the split runs on the ps. ``arrive`` is
   applied, on the ps, to what the push receives (the statistics order it
   there after their pre-push read: ``_stats.Statistics.order_gradient``).
+  ``wire`` (the ``_transfer`` unit) encodes the concatenation on the worker
+  and decodes it on the ps: the accumulator stays of ``group.dtype``.
 
   Returns:
     ``(entry, averaged)``: an ``_accumulators.AccumulatorOps`` and the
@@ -66,11 +69,13 @@ def build(group, *, name, local_step, replicas_to_aggregate,
   with tf.compat.v1.name_scope("fused"):
     packed = tf.concat([_packing.flat(grad) for grad, _ in group.pairs],
                        axis=0, name="packed_gradients")
+    sent = wire.encode(packed)
     with tf.compat.v1.device(group.device):
       accum = tf.compat.v1.ConditionalAccumulator(
           group.dtype, shape=[sum(sizes)],
           shared_name=shared_name(name, group))
-      push = accum.apply_grad(arrive(packed), local_step=local_step)
+      received = wire.decode(sent, packed.dtype, packed.shape)
+      push = accum.apply_grad(arrive(received), local_step=local_step)
       take = accum.take_grad(replicas_to_aggregate)
       averaged = _packing.split_to_shapes(
           take, [var.shape for _, var in group.pairs],

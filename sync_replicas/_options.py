@@ -17,6 +17,7 @@ from sync_replicas import _rewired_reads
 from sync_replicas import _data_end
 from sync_replicas import _timeline
 from sync_replicas import _tokens
+from sync_replicas import _transfer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,16 @@ class Options:
       global step; ``"stock"``: stock's behaviour (the others wait for the
       gone worker's gradient). See docs/data_end.md. Needs
       ``prompt_stop=True`` unless ``"stock"``.
+    transfer_dtype: Not in stock. ``tf.bfloat16`` or ``tf.float16``: every
+      float32 gradient a worker pushes, and with ``pack_variable_reads``
+      every packed read of float32 variables, crosses in that dtype, cast
+      where it was made and cast back to float32 where it arrives; the
+      accumulators, the averages, the update and the variables stay
+      float32 (``_transfer`` says what is rounded where). None (stored when
+      off): the graph without it. The constructor's None (default) reads
+      the environment variable ``SYNC_REPLICAS_TRANSFER_DTYPE`` (bfloat16,
+      float16 or float32; unset: off); ``tf.float32`` is off whatever the
+      environment says.
   """
 
   replicas_to_aggregate: int
@@ -153,6 +164,7 @@ class Options:
   timeline_dir: Optional[str] = None
   pack_variable_reads: bool = False
   data_end: str = _data_end.TRAIN_ALL
+  transfer_dtype: Any = None
 
   @property
   def tokens_per_step(self) -> int:
@@ -209,7 +221,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  prompt_stop, stall_log_secs, stall_timeout_secs,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
-                 timeline_dir, pack_variable_reads, data_end,
+                 timeline_dir, pack_variable_reads, data_end, transfer_dtype,
                  **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
@@ -228,6 +240,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
   _timeline.directory_from(timeline_dir)
   _rewired_reads.enabled_from(pack_variable_reads)
   _data_end.check(data_end, prompt_stop=prompt_stop)
+  _transfer.dtype_from(transfer_dtype)
 
 
 def make(r, t, **extras):
@@ -249,5 +262,6 @@ def make(r, t, **extras):
       statistics_log_steps=extras["statistics_log_steps"] or 0,
       timeline_dir=_timeline.directory_from(extras["timeline_dir"]),
       pack_variable_reads=_rewired_reads.enabled_from(
-          extras["pack_variable_reads"]))
+          extras["pack_variable_reads"]),
+      transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)

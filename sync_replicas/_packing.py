@@ -26,6 +26,7 @@ import contextlib
 import tensorflow as tf
 
 from sync_replicas import _compat
+from sync_replicas import _transfer
 
 #: Gradients with more elements than this travel on their own. Per-tensor
 #: overhead here is about 80 us, which is what ~128 KiB cost on loopback, so
@@ -80,7 +81,8 @@ def split_to_shapes(packed, shapes, *, name):
 
 
 def move_packed(items, key, tensor_of, *, packed_on_group_device,
-                concat_name, split_name, arrive=lambda packed: packed):
+                concat_name, split_name, arrive=lambda packed: packed,
+                wire=_transfer.UNCOMPRESSED):
   """Moves each group of tensors between two devices as one tensor.
 
   Groups ``items`` by ``key`` (a ``(device, dtype)`` pair, or None to leave
@@ -90,7 +92,9 @@ def move_packed(items, key, tensor_of, *, packed_on_group_device,
   tensors are built and concatenated on the group's device and split in the
   caller's device scope (reads from a ps task); otherwise the reverse
   (pushes to a ps task). ``arrive`` is applied to each concatenation
-  where it is split, before the split.
+  where it is split, before the split. ``wire`` (the ``_transfer`` unit)
+  encodes each concatenation where it is made and decodes it, before
+  ``arrive``, where it is split.
 
   Returns:
     A list parallel to ``items``: each packed member's part, None for the
@@ -108,15 +112,18 @@ def move_packed(items, key, tensor_of, *, packed_on_group_device,
     with packing:
       tensors = [tensor_of(items[i]) for i in members]
       packed = tf.concat([flat(t) for t in tensors], axis=0, name=concat_name)
+      sent = wire.encode(packed)
     with unpacking:
-      parts = split_to_shapes(arrive(packed), [t.shape for t in tensors],
+      received = wire.decode(sent, packed.dtype, packed.shape)
+      parts = split_to_shapes(arrive(received), [t.shape for t in tensors],
                               name=split_name)
     for i, part in zip(members, parts, strict=True):
       routed[i] = part
   return routed
 
 
-def pack(grads_and_vars, *, scope, arrive=lambda packed: packed):
+def pack(grads_and_vars, *, scope, arrive=lambda packed: packed,
+         wire=_transfer.UNCOMPRESSED):
   """Routes small dense gradients to each ps task as one tensor.
 
   Call in the worker's device scope (the concatenation runs there); the
@@ -128,6 +135,7 @@ def pack(grads_and_vars, *, scope, arrive=lambda packed: packed):
     scope: The name scope (ours, not stock's) for the ops this adds.
     arrive: Applied on the ps to each concatenation before its split (the
       statistics' ordering after their pre-push read).
+    wire: The ``_transfer`` unit each concatenation crosses in.
 
   Returns:
     A list parallel to ``grads_and_vars``: for a packed gradient, its values
@@ -139,4 +147,5 @@ def pack(grads_and_vars, *, scope, arrive=lambda packed: packed):
     return move_packed(grads_and_vars, _pack_key, lambda pair: pair[0],
                        packed_on_group_device=False,
                        concat_name="packed_gradients",
-                       split_name="unpacked_gradients", arrive=arrive)
+                       split_name="unpacked_gradients", arrive=arrive,
+                       wire=wire)

@@ -22,7 +22,9 @@ nothing crosses.
 What is left a plain read, and counted in the log line: variables too large
 to pack (``_packing.MAX_PACKED_ELEMENTS``; their cost is bandwidth), of a
 non-float dtype, without a device (a local run) or alone on their (ps task,
-dtype); reads made under control dependencies (packing would order the whole
+dtype), except that with ``transfer_dtype`` a float32 variable too large or
+alone gets a 16-bit read of its own (``_transfer``: the cast halves the
+bandwidth); reads made under control dependencies (packing would order the whole
 group after them); reads and consumers inside control flow or a function
 (a ``cond``'s or ``while_loop``'s own reads, which the rewrite cannot reach);
 and gathers, which read rows, not the variable. A read moves whole (every
@@ -42,6 +44,7 @@ import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _packing
+from sync_replicas import _transfer
 
 # The TensorFlow logger's child, as the statistics' lines: a script that
 # sets TensorFlow's verbosity to INFO sees the summary line.
@@ -136,11 +139,17 @@ def _edges(tensor, here):
 
 class _Found:
   """The cross-task reads of the trained variables, sorted into packable
-  ``(read, [(consumer, index), ...])`` per variable and counted others."""
+  ``(read, [(consumer, index), ...])`` per variable and counted others.
 
-  def __init__(self):
+  With ``wire`` compressing a dtype (``transfer_dtype``), a variable of it
+  too large to pack is still rerouted, to a 16-bit read of its own: its
+  cost is bandwidth, which is what the cast halves.
+  """
+
+  def __init__(self, wire):
     self.packable = collections.OrderedDict()  # var -> [(read, edges)]
     self.left_plain = collections.Counter()
+    self._wire = wire
 
   def variable(self, var):
     here = _task(var.device)
@@ -169,13 +178,12 @@ class _Found:
     else:
       self.packable[var] = reads
 
-  @staticmethod
-  def _unpackable(var):
+  def _unpackable(self, var):
     if not var.device:
       return NO_DEVICE
     if not var.dtype.base_dtype.is_floating:
       return NOT_FLOAT
-    if not _packing.small(var):
+    if not _packing.small(var) and not self._wire.compresses(var.dtype):
       return HUGE
     return None
 
@@ -190,8 +198,8 @@ def _groups(packable):
   joins that task's group instead of costing a transfer of its own.
 
   Returns:
-    ``{(task, variable device, dtype): [split device, {var: [(read,
-    consumer, index), ...]}]}``.
+    ``{(task, variable device, dtype, None or a large variable's name):
+    [split device, {var: [(read, consumer, index), ...]}]}``.
   """
   named = {_task(consumer.device)
            for reads in packable.values() for _, edges in reads
@@ -202,7 +210,10 @@ def _groups(packable):
     for read, edges in reads:
       devices = [c.device for c, _ in edges if c.device] or [""]
       task = _task(devices[0]) if devices[0] else default
-      key = (task, var.device, var.dtype.base_dtype)
+      # A large variable (only packable with transfer_dtype) is read on its
+      # own: a concatenation would copy it once more.
+      key = (task, var.device, var.dtype.base_dtype,
+             None if _packing.small(var) else var.op.name)
       group = groups.setdefault(key, [devices[0], collections.OrderedDict()])
       if not group[0]:
         group[0] = devices[0]
@@ -211,9 +222,10 @@ def _groups(packable):
   return groups
 
 
-def _packed_parts(consumer_device, variables):
+def _packed_parts(consumer_device, variables, wire):
   """One packed read of ``variables`` (one task, one dtype), split back on
-  ``consumer_device``."""
+  ``consumer_device``; a float32 one crosses in ``wire``'s dtype
+  (``_transfer``), cast back there: the master copies stay float32."""
   # Cleared: the caller's device function and control dependencies (an
   # apply_gradients under `control_dependencies(update_ops)`, the usual
   # batch-norm recipe) would move the reads or order them after ops that
@@ -225,23 +237,26 @@ def _packed_parts(consumer_device, variables):
       values = [var.read_value() for var in variables]
       packed = tf.concat([_packing.flat(v) for v in values], axis=0,
                          name="packed_values")
+      sent = wire.encode(packed)
     with tf.compat.v1.device(consumer_device or None):
       return _packing.split_to_shapes(
-          packed, [v.shape for v in values], name="unpacked_values")
+          wire.decode(sent, packed.dtype, packed.shape),
+          [v.shape for v in values], name="unpacked_values")
 
 
-def rewire(grads_and_vars, *, scope):
+def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
   """Reroutes the cross-task reads of the variables trained to packed reads.
 
   Args:
     grads_and_vars: The pairs ``apply_gradients`` got; variables with a
       gradient are the ones whose reads may move.
     scope: Our name scope (the ops added go under ``<scope>packed_reads``).
+    wire: The ``_transfer`` unit the packed reads cross in.
 
   Returns:
     A ``Report``.
   """
-  found = _Found()
+  found = _Found(wire)
   seen = set()
   for grad, var in grads_and_vars:
     if grad is not None and var.op.name not in seen:
@@ -252,10 +267,11 @@ def rewire(grads_and_vars, *, scope):
   with tf.compat.v1.name_scope(scope), tf.compat.v1.name_scope(
       "packed_reads"):
     for consumer_device, by_var in _groups(found.packable).values():
-      if len(by_var) < 2:
+      # One variable gains from a packed read only by its cast.
+      if len(by_var) < 2 and not wire.compresses(next(iter(by_var)).dtype):
         found.left_plain[ALONE] += sum(len(e) for e in by_var.values())
         continue
-      parts = _packed_parts(consumer_device, list(by_var))
+      parts = _packed_parts(consumer_device, list(by_var), wire)
       packed_reads += 1
       for (var, edges), part in zip(by_var.items(), parts, strict=True):
         for read, consumer, index in edges:
@@ -285,15 +301,15 @@ def _log(report):
 class PackedVariableReads:
   """``pack_variable_reads=True``: ``rewire`` at the start of the build."""
 
-  def build(self, grads_and_vars, *, scope):
-    return rewire(grads_and_vars, scope=scope)
+  def build(self, grads_and_vars, *, scope, wire):
+    return rewire(grads_and_vars, scope=scope, wire=wire)
 
 
 class NoPackedVariableReads:
   """``pack_variable_reads=False``: the graph is left as it is."""
 
-  def build(self, grads_and_vars, *, scope):
-    del grads_and_vars, scope
+  def build(self, grads_and_vars, *, scope, wire):
+    del grads_and_vars, scope, wire
     return None
 
 

@@ -18,6 +18,7 @@ from sync_replicas import _accumulators
 from sync_replicas import _compat
 from sync_replicas import _fused
 from sync_replicas import _packing
+from sync_replicas import _transfer
 
 # pushes: every push op, the train op's dependencies; aggregated: the
 # (averaged gradient, variable) pairs for the wrapped optimizer, in the
@@ -30,15 +31,17 @@ Routes = collections.namedtuple("Routes",
 class NoFusion:
   """Stock's route: every variable keeps its own accumulator."""
 
-  def route(self, grads_and_vars, *, stats, name, local_step, num_required):
-    del grads_and_vars, stats, name, local_step, num_required
+  def route(self, grads_and_vars, *, stats, name, local_step, num_required,
+            wire):
+    del grads_and_vars, stats, name, local_step, num_required, wire
     return {}, Routes([], [], [])
 
 
 class FusedAccumulators:
   """``fuse_dense_gradients``: one accumulator per ps task and dtype."""
 
-  def route(self, grads_and_vars, *, stats, name, local_step, num_required):
+  def route(self, grads_and_vars, *, stats, name, local_step, num_required,
+            wire):
     """Builds the fused accumulators.
 
     Returns:
@@ -51,7 +54,7 @@ class FusedAccumulators:
     for group in _fused.group_by_task(fusable):
       entry, grads = _fused.build(group, name=name, local_step=local_step,
                                   replicas_to_aggregate=num_required,
-                                  arrive=stats.order_gradient)
+                                  arrive=stats.order_gradient, wire=wire)
       pushes.append(entry.push)
       entries.append(entry)
       for (_, var), grad in zip(group.pairs, grads, strict=True):
@@ -62,21 +65,23 @@ class FusedAccumulators:
 class DirectTransfers:
   """Stock's transfers: each gradient crosses to its ps on its own."""
 
-  def route(self, prepared, variables, *, scope, arrive):
-    del variables, scope, arrive
+  def route(self, prepared, variables, *, scope, arrive, wire):
+    del variables, scope, arrive, wire
     return [None] * len(prepared)
 
 
 class PackedTransfers:
   """``pack_gradient_transfers``: small dense gradients cross as one tensor."""
 
-  def route(self, prepared, variables, *, scope, arrive):
+  def route(self, prepared, variables, *, scope, arrive, wire):
     """Returns each packed gradient's part on its ps, None for the others.
 
-    ``arrive`` is applied on the ps to each packed tensor, before its split.
+    ``arrive`` is applied on the ps to each packed tensor, before its split;
+    ``wire`` (``_transfer``) encodes it on the worker and decodes it there.
     """
     return _packing.pack(zip(prepared, variables, strict=True),
-                         scope=scope + "packed_transfers/", arrive=arrive)
+                         scope=scope + "packed_transfers/", arrive=arrive,
+                         wire=wire)
 
 
 def fusion(options):
@@ -106,20 +111,21 @@ def _prepare(grads_and_vars, fused, *, combine_sparse_duplicates):
 
 
 def build(grads_and_vars, *, options, stats, name, prefix, scope,
-          local_step, num_required):
+          local_step, num_required, wire):
   """Routes every gradient to an accumulator; returns the ``Routes``.
 
   Call in the worker's device scope, under the optimizer's name scope.
+  ``wire`` (``_transfer``) is how float32 gradients cross, on every route.
   """
   fused, routes = fusion(options).route(
       grads_and_vars, stats=stats, name=name, local_step=local_step,
-      num_required=num_required)
+      num_required=num_required, wire=wire)
   prepared = _prepare(grads_and_vars, fused,
                       combine_sparse_duplicates=(
                           options.combine_sparse_duplicates))
   variables = [var for _, var in grads_and_vars]
   routed = transfers(options).route(prepared, variables, scope=scope,
-                                    arrive=stats.order_gradient)
+                                    arrive=stats.order_gradient, wire=wire)
   for var, grad, on_ps in zip(variables, prepared, routed, strict=True):
     if id(var) in fused:
       routes.aggregated.append((fused[id(var)], var))
@@ -128,14 +134,16 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
       if grad is None:
         routes.aggregated.append((None, var))  # Passed through, as in stock.
         continue
-      # A packed part was ordered before its split, once for its group;
-      # the others are ordered on their ps, as their push receives them.
+      # A packed part was ordered before its split, once for its group,
+      # and crossed in its wire form with it; the others are ordered on
+      # their ps, as their push receives them, and cross on their own.
       entry = _accumulators.build(
           on_ps if on_ps is not None else grad, var, local_step=local_step,
           replicas_to_aggregate=num_required, prefix=prefix,
           sparse_reduction=options.sparse_reduction,
           arrive=(stats.order_gradient if on_ps is None
-                  else lambda part: part))
+                  else lambda part: part),
+          wire=wire if on_ps is None else _transfer.UNCOMPRESSED)
     routes.pushes.append(entry.push)
     routes.aggregated.append((entry.take, var))
     routes.accumulators.append(entry)

@@ -43,6 +43,7 @@ from sync_replicas import _stats
 from sync_replicas import _timeline
 from sync_replicas import _status
 from sync_replicas import _tokens
+from sync_replicas import _transfer
 from sync_replicas import _wrapped
 from sync_replicas import hook as hook_lib
 
@@ -120,7 +121,8 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
                aggregation_deadline_secs: "float | None" = None,
-               pack_variable_reads: "bool | None" = None) -> None:
+               pack_variable_reads: "bool | None" = None,
+               transfer_dtype: "tf.DType | str | None" = None) -> None:
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -414,6 +416,8 @@ class _Build:
       self.scope = scope
     self.tokens = tokens
     self.data_end = data_end
+    # How float32 tensors cross between tasks (transfer_dtype).
+    self.wire = _transfer.codec(self.o.transfer_dtype, scope=scope)
     self.generations = _restart.Generations(
         global_step, scope=scope,
         token_queue_shared_name=self.tokens.shared_name)
@@ -422,7 +426,7 @@ class _Build:
     """The model's reads rerouted, before any op of ours reads a variable."""
     # What it did is logged; nothing later needs it.
     _rewired_reads.policy(self.o.pack_variable_reads).build(
-        grads_and_vars, scope=self.scope)
+        grads_and_vars, scope=self.scope, wire=self.wire)
 
   def local_step_and_statistics(self):
     """The worker-local step, the statistics and the workers' local init."""
@@ -499,7 +503,8 @@ class _Build:
         grads_and_vars, options=self.o, stats=self.stats,
         name=self.name, prefix=_tokens.shared_prefix(self.name),
         scope=self.scope, local_step=self.local_step,
-        num_required=self.num_required)
+        num_required=self.num_required, wire=self.wire)
+    self.wire.log()  # What crosses in 16 bits: the reads and these.
 
   def apply_averaged_gradients(self):
     """The wrapped optimizer's update, on the global step's device."""

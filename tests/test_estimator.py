@@ -274,6 +274,9 @@ def test_one_replica_gives_stocks_numbers(tmp_path, monkeypatch):
 #: main() lowers this logger to DEBUG so that they reach the output.
 PACKED_READS_LOGGER = "tensorflow.sync_replicas._rewired_reads"
 PACKED_READS_ENV = "SYNC_REPLICAS_PACK_VARIABLE_READS"
+#: transfer_dtype's, whose INFO line main() lets through the same way.
+TRANSFER_LOGGER = "tensorflow.sync_replicas._transfer"
+TRANSFER_ENV = "SYNC_REPLICAS_TRANSFER_DTYPE"
 
 
 def _train_cluster(tmp_path, **environ):
@@ -284,7 +287,8 @@ def _train_cluster(tmp_path, **environ):
   env = support.with_keras(dict(
       os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
       PYTHONPATH=support.pythonpath(ROOT)))
-  for name in ("TF_CONFIG", "SYNC_REPLICAS_BACKUPS", PACKED_READS_ENV):
+  for name in ("TF_CONFIG", "SYNC_REPLICAS_BACKUPS", PACKED_READS_ENV,
+               TRANSFER_ENV):
     env.pop(name, None)
   env.update(environ)
   cmd = [sys.executable, str(ROOT / "tools" / "launch"), "--ps", "1",
@@ -326,6 +330,7 @@ def test_ps_chief_worker_processes_from_tf_config_return_promptly(tmp_path):
   # Off by default: the lines the next test checks come from its
   # environment variable, not from main().
   assert "pack_variable_reads:" not in out, out[-4000:]
+  assert "transfer_dtype:" not in out, out[-4000:]
 
 
 @pytest.mark.timeout(240)
@@ -361,6 +366,21 @@ def test_estimator_train_packs_reads_from_the_environment(tmp_path):
     assert sorted(set(rewired)) == ["b", "w"], (task, rewired, out[-6000:])
 
 
+@pytest.mark.timeout(240)
+def test_estimator_train_sends_16_bits_from_the_environment(tmp_path):
+  """transfer_dtype in Estimator.train on a real cluster, turned on only by
+  the environment (with packed reads): both replicas' packed push of w and
+  b and their packed read cross as bfloat16 (the documented line), and
+  training ends as without it. The numbers' proof is
+  tests/test_transfer_dtype.py, as for packed reads."""
+  out = _train_cluster(tmp_path, **{PACKED_READS_ENV: "1",
+                                    TRANSFER_ENV: "bfloat16"})
+  for task in ("chief0", "worker0"):
+    said = re.findall(r"\[%s\].*transfer_dtype: (\d+) float32 tensors per "
+                      r"step now cross as bfloat16" % task, out)
+    assert said == ["2"], (task, said, out[-6000:])
+
+
 def main(argv=None):
   """One task of the cluster test; tools/launch sets its TF_CONFIG."""
   from examples import _task  # pylint: disable=g-import-not-at-top
@@ -372,6 +392,7 @@ def main(argv=None):
   # Logging only, not the option: pack_variable_reads' own lines reach the
   # output, one per rewired read and its INFO summary, if it is on.
   logging.getLogger(PACKED_READS_LOGGER).setLevel(logging.DEBUG)
+  logging.getLogger(TRANSFER_LOGGER).setLevel(logging.INFO)
   # Its first use gives TensorFlow's logger the handler (to stderr) that
   # the child's lines go through.
   tf.get_logger()

@@ -12,6 +12,7 @@ import tensorflow as tf
 import support
 from sync_replicas import _options
 from sync_replicas import _rewired_reads
+from sync_replicas import _transfer
 
 
 def test_options_echo_the_constructor_and_derive_once(graph):
@@ -61,6 +62,7 @@ def test_the_constructors_defaults_are_the_documented_ones(graph,
                                                            monkeypatch):
   del graph
   monkeypatch.delenv(_rewired_reads.ENV, raising=False)
+  monkeypatch.delenv(_transfer.ENV, raising=False)
   documented = _documented_defaults()
   params = inspect.signature(support.OURS.__init__).parameters.values()
   keyword_only = {p.name: p.default for p in params
