@@ -127,8 +127,14 @@ def cluster_spec(*, num_ps, num_workers, base_port=None):
            range(base_port, base_port + count))
   # The ps tasks first: with --port 2222 the first ps, the task a status
   # tool talks to, is at 2222.
-  addresses = ["%s:%d" % (LOOPBACK, p) for p in ports]
+  return cluster_of(["%s:%d" % (LOOPBACK, p) for p in ports], num_ps=num_ps)
+
+
+def cluster_of(addresses, *, num_ps):
+  """The TF_CONFIG cluster of ``addresses``: ps tasks first, then the chief
+  (replica 0, job ``chief``), then the other replicas (job ``worker``)."""
   replicas = addresses[num_ps:]
+  num_workers = len(replicas)
   cluster = {"chief": replicas[:1]}
   if num_workers > 1:
     cluster["worker"] = replicas[1:]
@@ -137,16 +143,23 @@ def cluster_spec(*, num_ps, num_workers, base_port=None):
   return cluster
 
 
+def tf_config(cluster, job, index):
+  """The TF_CONFIG of task ``index`` of ``job`` in ``cluster``, as JSON."""
+  return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+
+
 class Task:
   """One process of the cluster: its name, process and log streamer."""
 
   def __init__(self, job, index, cluster, command, env, out, out_lock):
+    """Starts the task; ``cluster`` None: no TF_CONFIG (the command has
+    its cluster as flags)."""
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
-    env = dict(env, TF_CONFIG=json.dumps(
-        {"cluster": cluster, "task": {"type": job, "index": index}}),
-               PYTHONUNBUFFERED="1")
+    env = dict(env, PYTHONUNBUFFERED="1")
+    if cluster is not None:
+      env["TF_CONFIG"] = tf_config(cluster, job, index)
     # A session of its own: the task and all its children form one process
     # group that can be signalled at once, and a terminal's Ctrl-C reaches
     # the launcher only, which then stops the tasks in order.
@@ -271,7 +284,7 @@ class Launcher:
         reported.add(task.name)
         if rc != 0:
           self.say("%s failed with %s: stopping every task", task.name,
-                   _describe(rc))
+                   describe(rc))
           return rc if rc > 0 else 1
         self.say("%s exited 0", task.name)
       if all(t.poll() == 0 for t in replicas):
@@ -325,7 +338,7 @@ def _wait_groups(tasks, timeout):
       time.sleep(0.05)
 
 
-def _describe(rc):
+def describe(rc):
   if rc < 0:
     try:
       return "signal %s" % signal.Signals(-rc).name
