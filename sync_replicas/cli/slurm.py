@@ -1,5 +1,6 @@
 """Runs one between-graph program as a Slurm job step: one task per process.
 
+  sync-replicas-slurm --ps 1 -- python train.py       # in every task, through srun:
   srun -n 4 sync-replicas-slurm --ps 1 --backup 1 -- python -m examples.digits
   srun -n 4 sync-replicas-slurm --ps 1 --tf1-flags -- python mnist_replica.py
   srun -n 4 sync-replicas-slurm --ps 1 -- sync-replicas-run train.py
@@ -64,7 +65,7 @@ POLL_SECS = 0.1
 
 def _parse(argv):
   parser = _cli.parser(PROG, __doc__,
-                       usage="srun -n N %(prog)s [options] -- command [args...]")
+                       usage="%(prog)s [options] -- command [args...]")
   parser.add_argument("--ps", type=int, default=1, help="ps tasks")
   parser.add_argument("--backup", type=int, default=0,
                       help="backup replicas, exported as "
