@@ -172,11 +172,6 @@ class Service:
         with contextlib.suppress(OSError):
           _send(c, {"abort": why})
 
-  def abort(self, why):
-    """Tells every task still running to stop, because ``why``."""
-    with self._lock:
-      self._abort_locked(why)
-
   def close(self):
     with contextlib.suppress(OSError):
       self._sock.close()

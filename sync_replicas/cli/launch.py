@@ -37,7 +37,6 @@ a cluster that cannot be confined. Only the standard library is used, and
 not TensorFlow: the launcher starts in milliseconds.
 """
 
-import argparse
 import contextlib
 import json
 import os
@@ -88,14 +87,9 @@ def _parse(argv):
   parser.add_argument("--enter", type=int, metavar="PID",
                       help="run the command inside the network namespace of "
                       "the confined launch with this pid, and nothing else")
-  parser.add_argument("command", nargs=argparse.REMAINDER,
-                      help="the program every task runs, after --")
+  _cli.add_command(parser)
   args = parser.parse_args(argv)
-  if args.command and args.command[0] == "--":
-    args.command = args.command[1:]
-  if not args.command:
-    parser.error("give the program to run after --, e.g. "
-                 "-- python -m examples.digits")
+  _cli.command_given(parser, args)
   if args.ps < 0 or args.workers < 1:
     parser.error("need --ps >= 0 and --workers >= 1, got --ps %d --workers %d"
                  % (args.ps, args.workers))

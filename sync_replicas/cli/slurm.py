@@ -40,7 +40,6 @@ step; 127 the command cannot be started. Only the standard library is used.
 docs/slurm.md has the sbatch script and more.
 """
 
-import argparse
 import json
 import os
 import queue
@@ -80,14 +79,9 @@ def _parse(argv):
   parser.add_argument("--grace", type=float, default=5.0,
                       help="seconds between SIGTERM and SIGKILL when a task's "
                       "program is stopped")
-  parser.add_argument("command", nargs=argparse.REMAINDER,
-                      help="the program every task runs, after --")
+  _cli.add_command(parser)
   args = parser.parse_args(argv)
-  if args.command and args.command[0] == "--":
-    args.command = args.command[1:]
-  if not args.command:
-    parser.error("give the program to run after --, e.g. "
-                 "-- python -m examples.digits")
+  _cli.command_given(parser, args)
   if args.ps < 0 or args.backup < 0:
     parser.error("need --ps >= 0 and --backup >= 0, got --ps %d --backup %d"
                  % (args.ps, args.backup))
