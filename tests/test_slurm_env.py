@@ -147,13 +147,20 @@ def test_tf1_flags_make_worker_0_the_chief_and_name_every_host():
       "n1:3,n1:4"]
 
 
-def test_candidate_ports_are_the_same_in_every_task_and_differ_by_step():
+def test_candidate_ports_are_the_same_in_every_task_and_differ_by_step(
+    monkeypatch):
+  monkeypatch.delenv("SYNC_REPLICAS_PORT_RANGE", raising=False)
   first = _rendezvous.candidate_ports("17.0")
   assert first == _rendezvous.candidate_ports("17.0")
   assert len(set(first)) == _rendezvous.CANDIDATES
   assert all(_rendezvous.PORT_LOW <= p < _rendezvous.PORT_HIGH for p in first)
   assert first != _rendezvous.candidate_ports("17.1")
   assert first != _rendezvous.candidate_ports("18.0")
+
+
+def test_candidate_ports_keep_to_the_test_runners_port_range(monkeypatch):
+  monkeypatch.setenv("SYNC_REPLICAS_PORT_RANGE", "20000-20100")
+  assert all(20000 <= p < 20100 for p in _rendezvous.candidate_ports("17.0"))
 
 
 def _meet(key, count, *, ps=1):

@@ -31,10 +31,13 @@ Standard library only (see ``_cli``).
 
 import contextlib
 import json
+import os
 import socket
 import threading
 import time
 import zlib
+
+from sync_replicas import _ports
 
 #: How many ports the service may try; its clients try each in turn.
 CANDIDATES = 8
@@ -51,10 +54,17 @@ RETRY_SECS = 0.2
 def candidate_ports(step_key):
   """The ports the service of step ``step_key`` tries, in order.
 
-  The same in every task of the step; different for different steps.
+  The same in every task of the step (srun gives every task the same
+  environment); different for different steps. Drawn from
+  ``PORT_LOW``-``PORT_HIGH``, or from $SYNC_REPLICAS_PORT_RANGE when it is
+  set: tools/test gives each of its pytest processes a range of its own, so
+  that a test's meeting point cannot take a port another test drew.
   """
-  return [PORT_LOW + zlib.crc32(("%s/%d" % (step_key, k)).encode())
-          % (PORT_HIGH - PORT_LOW) for k in range(CANDIDATES)]
+  low, high = PORT_LOW, PORT_HIGH
+  if os.environ.get(_ports.PORT_RANGE_ENV):
+    low, high = _ports.draw_range()
+  return [low + zlib.crc32(("%s/%d" % (step_key, k)).encode()) % (high - low)
+          for k in range(CANDIDATES)]
 
 
 class RendezvousError(Exception):
