@@ -28,6 +28,7 @@ import test_readme
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLURM = support.load_tool("slurm")
+BY_PATH = support.load_tool("_by_path.py")
 DATA_END = support.load_tool("data_end")
 REQUIRE_ENV = "SYNC_REPLICAS_REQUIRE_SLURM"
 ENABLE = ("Slurm is not installed here: 'sudo tools/slurm install' (Debian, "
@@ -57,7 +58,8 @@ class Slurm:
     env.pop("TF_CONFIG", None)
     env.pop("SYNC_REPLICAS_BACKUPS", None)
     env.update(PATH=os.path.dirname(sys.executable) + os.pathsep + env["PATH"],
-               PYTHONPATH=support.pythonpath(ROOT), PYTHONUNBUFFERED="1",
+               # This checkout (tools/knockout's copy first, when set).
+               PYTHONPATH=BY_PATH.child_pythonpath(env), PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
     env.update(more)
     return env
@@ -70,6 +72,13 @@ class Slurm:
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     return Job(self, name, proc)
+
+  def running(self):
+    """The names of the jobs Slurm runs now."""
+    out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%j"],
+                         env=self.env(), capture_output=True, text=True,
+                         timeout=30, check=False).stdout
+    return set(out.split())
 
   def cancel(self, name):
     subprocess.run(["scancel", "--name", name], env=self.env(),
@@ -160,6 +169,10 @@ def test_readme_under_srun_and_every_example_sbatch_share_the_node(
     batches.append((script, folder, slurm.start(
         ["sbatch", "--wait", "--chdir", str(folder), "--output",
          str(folder / "job.out"), str(script)], cwd=ROOT)))
+  # Both at once: the README job runs while the first sbatch job does.
+  support.wait_until(
+      lambda: {readme.name, batches[0][2].name} <= slurm.running(),
+      timeout=JOB_SECS, what="both jobs running at once", interval=0.2)
   code, out = readme.wait()
   _assert_ok(code, out, "README's program under srun")
   for task, index in (("chief0", 0), ("worker0", 1), ("worker1", 2)):
@@ -227,8 +240,10 @@ def test_tf1_flags_run_an_unchanged_script_under_the_patch_runner(
   # (Supervisor, TF 0.12's recipe), run unchanged under sync-replicas-run:
   # the flags come from the wrapper, the class from the runner.
   script = ROOT / "tests" / "user_scripts" / "supervisor_tf012.py"
-  job = slurm.start(["srun", "-n", "3", "sync-replicas-slurm", "--ps", "1",
-                     "--tf1-flags", "--", "sync-replicas-run", str(script),
+  # Cyclic: on one node the tasks land as under block, but the step says
+  # cyclic, which the roles do not depend on.
+  job = slurm.start(["srun", "-n", "3", "--distribution", "cyclic",
+                     "sync-replicas-slurm", "--ps", "1", "--tf1-flags", "--", "sync-replicas-run", str(script),
                      "--train_steps=60", "--logdir=%s" % (tmp_path / "logs")],
                     cwd=tmp_path)
   code, out = job.wait()
