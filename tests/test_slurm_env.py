@@ -215,10 +215,12 @@ def test_a_failed_or_vanished_task_stops_every_other_one():
     service.close()
 
 
-def test_two_steps_on_one_node_meet_only_their_own_tasks():
+def test_two_steps_on_one_node_meet_only_their_own_tasks(monkeypatch):
   # Another program (or another step's service) holds the step's first
   # candidate port: the service takes the next, and clients pass over the
-  # one that does not welcome them.
+  # one that does not welcome them (after a shorter wait than a real
+  # step's, to keep the quick tier quick).
+  monkeypatch.setattr(_rendezvous, "HELLO_SECS", 0.5)
   key = "t4.0"
   squatter = socket.socket()
   squatter.bind(("", _rendezvous.candidate_ports(key)[0]))
