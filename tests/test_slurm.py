@@ -304,3 +304,43 @@ def test_scancel_stops_every_task_in_order(slurm, tmp_path):
     assert re.search(r"^sync-replicas-slurm: task %d \(\w+ on \S+\): got "
                      r"SIGTERM \(scancel" % task, out, re.M), out[-4000:]
   _assert_nothing_left(job)
+
+
+def test_a_killed_wrapper_takes_its_program_along(slurm, tmp_path):
+  # kill -9 of a wrapper (the OOM killer's choice, say): its program must
+  # not run on, orphaned, after the step; the other tasks stop, naming it.
+  job = slurm.start(["srun", "-n", "3", "sync-replicas-slurm", "--ps", "1",
+                     "--", "sleep", "600"], cwd=tmp_path)
+  job.out.find(r"cluster \{", "the step's cluster", timeout=JOB_SECS)
+  support.wait_until(lambda: len(_programs(job)) == 3, timeout=JOB_SECS,
+                     what="three programs (sleep 600) running")
+  wrapper = [pid for pid in job.processes()
+             if b"SLURM_PROCID=1\0" in _environ(pid)
+             and b"sync-replicas-slurm" in _cmdline(pid)]
+  assert len(wrapper) == 1, "expected task 1's wrapper: %s" % wrapper
+  os.kill(wrapper[0], signal.SIGKILL)
+  code, out = job.wait(timeout=STOP_SECS)
+  assert code != 0, out[-4000:]
+  for task in (0, 2):
+    assert re.search(r"^sync-replicas-slurm: task %d \(\w+ on \S+\): stopping: "
+                     r"task chief0 on \S+ vanished" % task, out, re.M), out
+  _assert_nothing_left(job)
+
+
+def _environ(pid):
+  try:
+    return pathlib.Path("/proc/%d/environ" % pid).read_bytes()
+  except OSError:
+    return b""
+
+
+def _cmdline(pid):
+  try:
+    return pathlib.Path("/proc/%d/cmdline" % pid).read_bytes()
+  except OSError:
+    return b""
+
+
+def _programs(job):
+  return [pid for pid in job.processes()
+          if _cmdline(pid).startswith(b"sleep\x00600")]

@@ -145,9 +145,11 @@ def tf_config(cluster, job, index):
 class Task:
   """One process of the cluster: its name, process and log streamer."""
 
-  def __init__(self, job, index, cluster, command, env, out, out_lock):
+  def __init__(self, job, index, cluster, command, env, out, out_lock, *,
+               preexec_fn=None):
     """Starts the task; ``cluster`` None: no TF_CONFIG (the command has
-    its cluster as flags)."""
+    its cluster as flags). ``preexec_fn`` runs in the child before the
+    command (``subprocess.Popen``'s)."""
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
@@ -159,7 +161,8 @@ class Task:
     # the launcher only, which then stops the tasks in order.
     self.proc = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True)
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=preexec_fn)
     self._out, self._lock = out, out_lock
     self._pump = threading.Thread(target=self._stream, daemon=True,
                                   name="log-" + self.name)

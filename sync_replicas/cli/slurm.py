@@ -40,6 +40,7 @@ step; 127 the command cannot be started. Only the standard library is used.
 docs/slurm.md has the sbatch script and more.
 """
 
+import ctypes
 import json
 import os
 import queue
@@ -119,6 +120,37 @@ class Roles:
     return [*base, "--job_name", job, "--task_index", str(index),
             "--ps_hosts", ",".join(addresses[:self.num_ps]),
             "--worker_hosts", ",".join(addresses[self.num_ps:])]
+
+
+#: prctl's option: the signal this process gets when its parent exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc():
+  """The C library, for prctl; None where there is none to load."""
+  try:
+    return ctypes.CDLL(None, use_errno=True)
+  except OSError:
+    return None
+
+
+_LIBC = _libc()
+
+
+def _die_with_wrapper():
+  """In the program's process, before it starts: SIGKILL when the wrapper
+  dies.
+
+  A wrapper killed outright (kill -9, the OOM killer) cannot stop its
+  program, which then runs on in a session of its own, outside the step
+  as far as a process tracker that follows parents (proctrack/linuxproc)
+  knows: a ps task would serve forever on a node the job has left. Little
+  work here, one call into the C library: the wrapper has threads. The
+  signal comes when the thread that started the program ends: the main
+  thread, which lives as long as the wrapper.
+  """
+  if _LIBC is not None:
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class _Signalled(Exception):
@@ -212,7 +244,8 @@ class Wrapper:
       self._task = launch.Task(
           self._job, self._index, cluster,
           roles.command(self._args.command, addresses, self._slot),
-          self._env, sys.stdout.buffer, threading.Lock())
+          self._env, sys.stdout.buffer, threading.Lock(),
+          preexec_fn=_die_with_wrapper)
     except OSError as e:
       self.say("could not start %r: %s", " ".join(self._args.command), e)
       self._report("could not start its program (%s)" % e)
