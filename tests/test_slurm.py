@@ -12,6 +12,7 @@ The parts that need no Slurm (the environment, the roles, the meeting
 point) are tests/test_slurm_env.py's.
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -270,9 +271,18 @@ def _digits_until_it_trains(slurm, tmp_path):
 
 
 def _assert_nothing_left(job):
-  support.wait_until(lambda: not job.processes(), timeout=STOP_SECS,
-                     what="every process of job %s to end" % job.name,
-                     interval=0.2)
+  try:
+    support.wait_until(lambda: not job.processes(), timeout=STOP_SECS,
+                       what="every process of job %s to end" % job.name,
+                       interval=0.2)
+  except AssertionError:
+    left = job.processes()
+    for pid in left:  # Not left behind by a failed test either.
+      with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    raise AssertionError("still running after the step ended: %s" % ", ".join(
+        "%d (%s)" % (pid, _cmdline(pid).replace(b"\0", b" ").decode(
+            errors="replace").strip()) for pid in left)) from None
 
 
 def test_a_killed_task_stops_the_step_with_a_line_naming_it(slurm, tmp_path):
