@@ -151,6 +151,12 @@ def _die_with_wrapper():
   """
   if _LIBC is not None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != _WRAPPER_PID:
+      os._exit(EXIT_STOPPED)  # The wrapper died before the prctl: no signal.
+
+
+#: This process, as its programs see their parent (``_die_with_wrapper``).
+_WRAPPER_PID = os.getpid()
 
 
 class _Signalled(Exception):
