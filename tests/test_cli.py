@@ -1,6 +1,6 @@
 """What every command a user types shows first: its help and its usage errors.
 
-Each installed command (sync-replicas-launch, -status, -run, -timeline) and
+Each installed command (sync-replicas-launch, -slurm, -status, -run, -timeline) and
 each example program: ``--help`` says every default once (issue 38 saw
 "(default: 2222 when confined, else free ports) (default: None)"), and a
 usage error is one line, answered before TensorFlow is imported (issue 38:
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.quick
 #: Every command's module with a ``main(argv)``; the examples' too.
 COMMANDS = [
     "sync_replicas.cli.launch",
+    "sync_replicas.cli.slurm",
     "sync_replicas.cli.status",
     "sync_replicas.timeline",
     "sync_replicas.patch.__main__",
@@ -93,6 +94,10 @@ USAGE_ERRORS = [
      "the following arguments are required: --manifest", 2),
     (["-m", "sync_replicas.cli.launch", "--ps", "1"],
      "give the program to run after --", 2),
+    (["-m", "sync_replicas.cli.slurm", "--ps", "1", "--", "true"],
+     "not a task of a Slurm job step: SLURM_JOB_ID", 2),
+    (["-m", "sync_replicas.cli.slurm", "--backup", "-1", "--", "true"],
+     "need --ps >= 0 and --backup >= 0", 2),
     (["-m", "sync_replicas.timeline", "runs/x", "--last", "0"],
      "--last must be at least 1", 2),
     (["-m", "sync_replicas.patch", "--no-such-option"],

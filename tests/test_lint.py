@@ -46,6 +46,7 @@ TYPED_API = {
     # The command-line entry points (setup.cfg's console_scripts).
     "sync_replicas/patch/__main__.py": ["main"],
     "sync_replicas/cli/launch.py": ["main"],
+    "sync_replicas/cli/slurm.py": ["main"],
     "sync_replicas/cli/status.py": ["main"],
 }
 

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.wheel
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Console scripts and their modules.
 SCRIPTS = {"sync-replicas-launch": "sync_replicas/cli/launch.py",
+           "sync-replicas-slurm": "sync_replicas/cli/slurm.py",
            "sync-replicas-status": "sync_replicas/cli/status.py",
            "sync-replicas-run": "sync_replicas/patch/__main__.py",
            "sync-replicas-timeline": "sync_replicas/timeline.py"}
@@ -48,7 +49,9 @@ SCRIPTS = {"sync-replicas-launch": "sync_replicas/cli/launch.py",
 CLI_MODULES = ["sync_replicas/cli/__init__.py", "sync_replicas/cli/_cli.py",
                "sync_replicas/cli/_confine.py",
                "sync_replicas/cli/_job_state.py",
-               "sync_replicas/cli/launch.py", "sync_replicas/cli/status.py"]
+               "sync_replicas/cli/launch.py", "sync_replicas/cli/status.py",
+               "sync_replicas/cli/slurm.py", "sync_replicas/cli/_slurm_env.py",
+               "sync_replicas/cli/_rendezvous.py"]
 
 
 class Venv:

@@ -178,8 +178,8 @@ def model(ids, *, global_step, opt, spec):
 def state_graph(task, spec):
   """A graph of the job's global variables only, as every driver makes them.
 
-  For a non-chief's wait for the chief's init, and the final global step.
-  Returns (graph, global step).
+  For a non-chief's wait for the chief's init, and the final state.
+  Returns (graph, global step, recorder ``seen``).
   """
   graph = tf.Graph()
   with graph.as_default(), tf.compat.v1.device(
@@ -187,23 +187,36 @@ def state_graph(task, spec):
           cluster=task.cluster, worker_device=_task.worker_device(task))):
     step = tf.compat.v1.train.get_or_create_global_step()
     tf.compat.v1.get_variable("w", [len(TRUE_W)])
-    tf.compat.v1.get_variable("seen", [sum(spec["shards"])], trainable=False)
-  return graph, step
+    seen = tf.compat.v1.get_variable("seen", [sum(spec["shards"])],
+                                     trainable=False)
+  return graph, step, seen
 
 
 def wait_for_chief(task, server, spec, config):
   """Polls for the chief's init (SessionManager would nap 30 s)."""
-  graph, _ = state_graph(task, spec)
+  graph, _, _ = state_graph(task, spec)
   with graph.as_default():
     _task.wait_for_chief(server.target,
                          tf.compat.v1.report_uninitialized_variables(),
                          config, timeout=spec["start_secs"])
 
 
-def final_step(task, server, spec, config):
-  graph, step = state_graph(task, spec)
+def final_state(task, server, spec, config):
+  """The ``final`` event's fields: the global step and, for the chief, the
+  batches the recorder ``seen`` marks as trained.
+
+  The chief's count, read once its session has closed (it closes after the
+  other replicas' data ended, unless ``stop_together`` stopped it), is the
+  job's: a run whose ps is stopped as soon as every replica exited (under
+  sync-replicas-slurm, tests/test_slurm.py) leaves nothing for the harness
+  to read at the end.
+  """
+  graph, step, seen = state_graph(task, spec)
   with tf.compat.v1.Session(server.target, graph=graph, config=config) as sess:
-    return int(sess.run(step))
+    found = {"step": int(sess.run(step))}
+    if task.is_chief:
+      found["trained"] = [int(i) for i in np.flatnonzero(sess.run(seen) > 1e-6)]
+  return found
 
 
 def ended_by(error):
@@ -368,7 +381,7 @@ def main():
   config = _task.session_config(task, op_timeout_ms=spec["op_timeout_ms"])
   try:
     DRIVERS[spec["driver"]](task, server, spec, events, config)
-    events.emit("final", step=final_step(task, server, spec, config))
+    events.emit("final", **final_state(task, server, spec, config))
   except BaseException as e:
     events.emit("error", error="%s: %s" % (type(e).__name__, (
         str(e).splitlines() or [""])[0][:300]))

@@ -7,6 +7,9 @@ declared as a console script in setup.cfg and runnable with ``python -m``:
                          between-graph program as a whole cluster of
                          processes on this machine, confined to a private
                          network namespace.
+  sync-replicas-slurm    (``sync_replicas.cli.slurm``): runs a
+                         between-graph program as a Slurm job step, one
+                         TensorFlow task per Slurm task (under srun).
   sync-replicas-status   (``sync_replicas.cli.status``): prints the live sync
                          state of a running job, read-only.
 

@@ -77,6 +77,22 @@ def parser(prog, doc, **kwargs):
   return result
 
 
+def add_command(parser):
+  """Adds the positional ``command``: the program to run, after ``--``."""
+  parser.add_argument("command", nargs=argparse.REMAINDER,
+                      help="the program every task runs, after --")
+
+
+def command_given(parser, args):
+  """``args.command`` without its leading ``--``; a usage error if empty."""
+  if args.command and args.command[0] == "--":
+    args.command = args.command[1:]
+  if not args.command:
+    parser.error("give the program to run after --, e.g. "
+                 "-- python -m examples.digits")
+  return args.command
+
+
 def help_parts(doc):
   """``(description, epilog)`` of ``--help`` from a tool's docstring.
 

@@ -38,7 +38,6 @@ a cluster that cannot be confined. Only the standard library is used, and
 not TensorFlow: the launcher starts in milliseconds.
 """
 
-import argparse
 import contextlib
 import json
 import os
@@ -95,14 +94,9 @@ def _parse(argv):
   parser.add_argument("--enter", type=int, metavar="PID",
                       help="run the command inside the network namespace of "
                       "the confined launch with this pid, and nothing else")
-  parser.add_argument("command", nargs=argparse.REMAINDER,
-                      help="the program every task runs, after --")
+  _cli.add_command(parser)
   args = parser.parse_args(argv)
-  if args.command and args.command[0] == "--":
-    args.command = args.command[1:]
-  if not args.command:
-    parser.error("give the program to run after --, e.g. "
-                 "-- python -m examples.digits")
+  _cli.command_given(parser, args)
   if args.ps < 0 or args.workers < 1:
     parser.error("need --ps >= 0 and --workers >= 1, got --ps %d --workers %d"
                  % (args.ps, args.workers))
@@ -134,8 +128,14 @@ def cluster_spec(*, num_ps, num_workers, base_port=None):
            range(base_port, base_port + count))
   # The ps tasks first: with --port 2222 the first ps, the task a status
   # tool talks to, is at 2222.
-  addresses = ["%s:%d" % (LOOPBACK, p) for p in ports]
+  return cluster_of(["%s:%d" % (LOOPBACK, p) for p in ports], num_ps=num_ps)
+
+
+def cluster_of(addresses, *, num_ps):
+  """The TF_CONFIG cluster of ``addresses``: ps tasks first, then the chief
+  (replica 0, job ``chief``), then the other replicas (job ``worker``)."""
   replicas = addresses[num_ps:]
+  num_workers = len(replicas)
   cluster = {"chief": replicas[:1]}
   if num_workers > 1:
     cluster["worker"] = replicas[1:]
@@ -144,22 +144,32 @@ def cluster_spec(*, num_ps, num_workers, base_port=None):
   return cluster
 
 
+def tf_config(cluster, job, index):
+  """The TF_CONFIG of task ``index`` of ``job`` in ``cluster``, as JSON."""
+  return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+
+
 class Task:
   """One process of the cluster: its name, process and log streamer."""
 
-  def __init__(self, job, index, cluster, command, env, out, out_lock):
+  def __init__(self, job, index, cluster, command, env, out, out_lock, *,
+               preexec_fn=None):
+    """Starts the task; ``cluster`` None: no TF_CONFIG (the command has
+    its cluster as flags). ``preexec_fn`` runs in the child before the
+    command (``subprocess.Popen``'s)."""
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
-    env = dict(env, TF_CONFIG=json.dumps(
-        {"cluster": cluster, "task": {"type": job, "index": index}}),
-               PYTHONUNBUFFERED="1")
+    env = dict(env, PYTHONUNBUFFERED="1")
+    if cluster is not None:
+      env["TF_CONFIG"] = tf_config(cluster, job, index)
     # A session of its own: the task and all its children form one process
     # group that can be signalled at once, and a terminal's Ctrl-C reaches
     # the launcher only, which then stops the tasks in order.
     self.proc = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True)
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=preexec_fn)
     self._out, self._lock = out, out_lock
     self._pump = threading.Thread(target=self._stream, daemon=True,
                                   name="log-" + self.name)
@@ -278,7 +288,7 @@ class Launcher:
         reported.add(task.name)
         if rc != 0:
           self.say("%s failed with %s: stopping every task", task.name,
-                   _describe(rc))
+                   describe(rc))
           return rc if rc > 0 else 1
         self.say("%s exited 0", task.name)
       if all(t.poll() == 0 for t in replicas):
@@ -303,7 +313,7 @@ class Launcher:
       if rc is not None:
         reported.add(task.name)
         self.say("%s exited %s", task.name,
-                 "0" if rc == 0 else "with " + _describe(rc))
+                 "0" if rc == 0 else "with " + describe(rc))
     serving = [t for t in live if t.name not in reported]
     if not serving:
       self.say("every replica finished, and every ps task")
@@ -315,7 +325,7 @@ class Launcher:
     for task in serving:
       rc = task.poll()
       if rc is not None:
-        self.say("%s stopped (%s)", task.name, _describe(rc))
+        self.say("%s stopped (%s)", task.name, describe(rc))
 
   def _stop_all(self):
     """Stops every task (``stop_tasks``), deaf to a second Ctrl-C."""
@@ -359,7 +369,7 @@ def _wait_groups(tasks, timeout):
       time.sleep(0.05)
 
 
-def _describe(rc):
+def describe(rc):
   if rc < 0:
     try:
       return "signal %s" % signal.Signals(-rc).name
