@@ -21,6 +21,7 @@ must start in milliseconds, without TensorFlow, whose import starts the
 threads that ``confine`` refuses.
 """
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -31,6 +32,7 @@ import sys
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
@@ -121,7 +123,10 @@ def enter(pid):
 
   When ``pid`` is in a user namespace of its own (a non-root launch), that is
   entered first: its network namespace belongs to it, and only inside it does
-  this process hold the right to join.
+  this process hold the right to join. When ``pid`` has a mount namespace of
+  its own (a launch with emulated hosts: ``ip netns`` names them there, and
+  its /etc/hosts names their tasks), that is joined too, keeping the working
+  directory. Must run before the process starts a thread.
 
   Raises:
     CannotConfine: With the reason, if the namespace cannot be entered.
@@ -130,7 +135,9 @@ def enter(pid):
     raise CannotConfine("network namespaces exist on Linux only, this is %s"
                         % sys.platform)
   libc = _libc()
-  for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+  cwd = os.getcwd()
+  for kind, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS),
+                     ("net", CLONE_NEWNET)):
     path = "/proc/%d/ns/%s" % (pid, kind)
     try:
       if os.stat(path).st_ino == os.stat("/proc/self/ns/" + kind).st_ino:
@@ -144,6 +151,11 @@ def enter(pid):
             kind, pid, os.strerror(ctypes.get_errno())))
     finally:
       os.close(fd)
+    if kind == "mnt":
+      # Joining a mount namespace moves to its root; the same path names
+      # the same directory in there (the launch's copy of our mounts).
+      with contextlib.suppress(OSError):
+        os.chdir(cwd)
 
 
 def _libc():
