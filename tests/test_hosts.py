@@ -20,15 +20,20 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
+from examples import digits_estimator
 import support
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "sync_replicas.cli.launch"]
 BIN = pathlib.Path(sys.executable).parent
+HAS_ESTIMATOR = digits_estimator.estimator_module() is not None
 _FINAL = re.compile(r"final test accuracy (\d\.\d+)")
+#: How long test_a_cut_link_is_survived keeps the ps's host cut off.
+CUT_SECS = 5.0
 
 pytestmark = pytest.mark.skipif(
     not support.is_machine_root(),
@@ -314,3 +319,99 @@ def test_supervisor_trains_on_hosts():
   assert len(set(_addresses(_cluster(out)))) == 3, out[-3000:]
   assert _final_accuracy(out) > 0.8, out[-4000:]
   assert "replica 1 done" in out, out[-4000:]
+
+
+@pytest.mark.timeout(420)
+def test_a_cut_link_is_survived(tmp_path):
+  # The ps on host0 cut off for CUT_SECS while the replicas train: every
+  # update waits for it, and training must go on to its last step once the
+  # link is mended (as tools/soak's cuts: the task lives on, unreachable).
+  proc = _start(["--hosts", "3", "--ps", "1", "--workers", "2", "--timeout",
+                 "300", "--", "python", "-m", "examples.digits", "--steps",
+                 "300", "--delay_ms", "20", "--log_every", "50",
+                 "--checkpoint_every", "1000", "--logdir", str(tmp_path),
+                 "--no_plot"])
+  try:
+    output = support.OutputLines(proc.stdout)
+    pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
+                          timeout=20).group(1))
+    ps = json.loads(output.find(r"\[launch\] cluster (\{.*\})\n",
+                                "the cluster line", timeout=30).group(1))["ps"][0]
+    output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
+                "progress line", timeout=180)
+
+    def inside(*argv, check=True):
+      return subprocess.run([*LAUNCH, "--enter", str(pid), "--", *argv],
+                            cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=60, check=check)
+
+    reach = [sys.executable, "-c", "import socket; socket.create_connection("
+             "(%r, %s), timeout=2)" % tuple(ps.rsplit(":", 1))]
+    assert inside(*reach, check=False).returncode == 0
+    inside("ip", "link", "set", "host0", "down")
+    cut_at = time.monotonic()
+    try:
+      assert inside(*reach, check=False).returncode != 0, (
+          "the ps is reachable while its link is down")
+      time.sleep(max(0.0, CUT_SECS - (time.monotonic() - cut_at)))
+    finally:
+      inside("ip", "link", "set", "host0", "up")
+    assert proc.poll() is None, "the job ended during the cut"
+    proc.wait(timeout=300)
+  finally:
+    support.kill_group(proc)
+  text = output.finish()
+  assert proc.returncode == 0, text[-6000:]
+  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 300",
+                   text), text[-4000:]
+
+
+# How a user runs a TF1 script that takes --job_name/--task_index/--ps_hosts/
+# --worker_hosts under a launcher that gives TF_CONFIG: the flags from it
+# (the chief is the scripts' worker 0), the script itself unchanged.
+_FLAGS_FROM_TF_CONFIG = r"""
+import json, os, sys
+config = json.loads(os.environ.pop("TF_CONFIG"))
+cluster, task = config["cluster"], config["task"]
+workers = cluster["chief"] + cluster.get("worker", [])
+job, index = task["type"], task["index"]
+if job != "ps":
+  index, job = (0 if job == "chief" else index + 1), "worker"
+argv = sys.argv[1:] + ["--job_name=" + job, "--task_index=%d" % index,
+                       "--ps_hosts=" + ",".join(cluster["ps"]),
+                       "--worker_hosts=" + ",".join(workers)]
+os.execv(argv[0], argv)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_unchanged_script_runner_trains_on_hosts(tmp_path):
+  script = ROOT / "tests" / "user_scripts" / "monitored_session.py"
+  out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
+                 "--workers", "2", "--", "python", "-c",
+                 _FLAGS_FROM_TF_CONFIG, str(BIN / "sync-replicas-run"),
+                 str(script), "--train_steps=60",
+                 "--logdir=%s" % tmp_path], timeout=200,
+                env=_env(PYTHONPATH=support.pythonpath(ROOT)))
+  assert len(set(_addresses(_cluster(out)))) == 3, out[-3000:]
+  for task in ("chief0", "worker0"):
+    assert re.search(r"^\[%s\] optimizer: sync_replicas\.optimizer\."
+                     r"SyncReplicasOptimizer$" % task, out, re.M), out[-4000:]
+    assert re.search(r"^\[%s\] worker \d: final global step 60$" % task,
+                     out, re.M), out[-4000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not HAS_ESTIMATOR, reason=(
+    "this TensorFlow has no tf.compat.v1.estimator (removed in 2.16); run "
+    "with SYNC_REPLICAS_TF='tensorflow-cpu==2.15.* tensorflow-estimator==2.15.*"
+    " numpy<2' SYNC_REPLICAS_VENV=.venv-215"))
+def test_estimator_trains_on_hosts(tmp_path):
+  # The Estimator imports Keras, which the tests' children lack otherwise.
+  out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
+                 "--workers", "2", "--", "python", "-m",
+                 "examples.digits_estimator", "--steps", "100", "--logdir",
+                 str(tmp_path)], timeout=200, env=support.with_keras(_env()))
+  assert len(set(_addresses(_cluster(out)))) == 3, out[-3000:]
+  assert _final_accuracy(out) > 0.8, out[-4000:]
+  assert "[worker0] replica 1 done" in out, out[-4000:]

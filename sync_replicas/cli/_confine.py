@@ -42,12 +42,18 @@ class CannotConfine(Exception):
   """This platform (kernel, permissions, sandbox) cannot make the namespace."""
 
 
-def confine():
+def confine(*, as_root=False):
   """Moves this process into a new network namespace with only loopback up.
 
   Must run before the process starts any thread: ``unshare(CLONE_NEWUSER)``
   refuses a multithreaded caller, and a new network namespace would apply to
   the calling thread only. Every process started afterwards inherits it.
+
+  Args:
+    as_root: In a user namespace (the path of a process without root), map
+      this user to uid and gid 0 instead of to themselves, as ``unshare -r``
+      does: the commands it starts (``ip``, ``tc``, for emulated hosts) then
+      keep the namespace's capabilities. Files stay the user's outside.
 
   Returns:
     What was made, for a log line: ``"network namespace"`` or ``"user and
@@ -81,7 +87,7 @@ def confine():
   else:
     raise CannotConfine("; ".join(reasons))
   if flags & CLONE_NEWUSER:
-    _map_ids(uid, gid)
+    _map_ids(uid, gid, inside=(0, 0) if as_root else (uid, gid))
   _loopback_up()
   names = sorted(name for _, name in socket.if_nameindex())
   if names != ["lo"]:
@@ -185,12 +191,12 @@ def _flag_names(flags):
   return "|".join(names)
 
 
-def _map_ids(uid, gid):
+def _map_ids(uid, gid, *, inside):
   # setgroups must be denied before an unprivileged process may write a
   # gid_map (user_namespaces(7)).
-  for path, text in (("/proc/self/uid_map", "%d %d 1" % (uid, uid)),
+  for path, text in (("/proc/self/uid_map", "%d %d 1" % (inside[0], uid)),
                      ("/proc/self/setgroups", "deny"),
-                     ("/proc/self/gid_map", "%d %d 1" % (gid, gid))):
+                     ("/proc/self/gid_map", "%d %d 1" % (inside[1], gid))):
     try:
       with open(path, "w") as f:
         f.write(text)

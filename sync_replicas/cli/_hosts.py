@@ -67,29 +67,26 @@ def check_commands():
         % " and ".join(missing))
 
 
-def private_mounts(hosts_file_text=None):
+def _call(what, result):
+  if result != 0:
+    raise CannotEmulate("%s: %s" % (what, os.strerror(ctypes.get_errno())))
+
+
+def private_mounts():
   """Moves this process into a mount namespace of its own for ``ip netns``.
 
   Its mounts stop propagating to the machine; a tmpfs on /run/netns then
-  holds the namespace files that ``ip netns add`` makes, and optionally a
-  generated /etc/hosts is bound over the machine's. Both vanish with the
-  last process of the namespace, however it ends. Must run before the
-  process starts a thread (``unshare(CLONE_NEWNS)`` refuses a process whose
-  threads share its file system information).
-
-  Args:
-    hosts_file_text: The /etc/hosts every process started afterwards reads,
-      or None to keep the machine's.
+  holds the namespace files that ``ip netns add`` makes (and the hosts file
+  of ``name_hosts``). All of it vanishes with the last process of the
+  namespace, however it ends. Must run before the process starts a thread
+  (``unshare(CLONE_NEWNS)`` refuses a process whose threads share its file
+  system information).
 
   Raises:
     CannotEmulate: With the reason.
   """
   libc = ctypes.CDLL(None, use_errno=True)
-
-  def call(what, result):
-    if result != 0:
-      raise CannotEmulate("%s: %s" % (what, os.strerror(ctypes.get_errno())))
-
+  call = _call
   call("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
   call("making / private", libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE,
                                       None))
@@ -97,16 +94,30 @@ def private_mounts(hosts_file_text=None):
   # for the machine: what fills it is our tmpfs, seen only in here).
   try:
     os.makedirs(NETNS_DIR, exist_ok=True)
-  except OSError as e:
-    raise CannotEmulate("cannot make %s: %s" % (NETNS_DIR, e.strerror)) from e
+  except OSError:
+    # Not ours to make (an ordinary user's launch, on a machine where no
+    # ip netns ever ran): a tmpfs over all of /run, in here only, holds it.
+    call("mounting a tmpfs on /run (no %s, and no right to make it)"
+         % NETNS_DIR, libc.mount(b"tmpfs", b"/run", b"tmpfs", 0, b"mode=755"))
+    os.makedirs(NETNS_DIR)
   call("mounting a tmpfs on " + NETNS_DIR,
        libc.mount(b"tmpfs", NETNS_DIR.encode(), b"tmpfs", 0, b"mode=755"))
-  if hosts_file_text is not None:
-    path = os.path.join(NETNS_DIR, ".hosts")
-    with open(path, "w", encoding="ascii") as f:
-      f.write(hosts_file_text)
-    call("binding the hosts' names over /etc/hosts",
-         libc.mount(path.encode(), b"/etc/hosts", None, _MS_BIND, None))
+
+
+def name_hosts(text):
+  """Binds ``text`` over /etc/hosts for this mount namespace (made by
+  ``private_mounts``) and every process started in it afterwards: names
+  resolve to emulated hosts as a cluster's DNS would resolve them.
+
+  Raises:
+    CannotEmulate: With the reason.
+  """
+  path = os.path.join(NETNS_DIR, ".hosts")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+  libc = ctypes.CDLL(None, use_errno=True)
+  _call("binding the hosts' names over /etc/hosts",
+        libc.mount(path.encode(), b"/etc/hosts", None, _MS_BIND, None))
 
 
 def ip(*argv, check=True):

@@ -226,11 +226,14 @@ def cluster_spec(*, num_ps, num_workers, base_port=None):
 class Task:
   """One process of the cluster: its name, process and log streamer."""
 
-  def __init__(self, job, index, cluster, command, env, out, out_lock):
+  def __init__(self, job, index, cluster, command, env, out, out_lock, *,
+               tf_config=None):
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
-    env = dict(env, TF_CONFIG=json.dumps(
+    # ``tf_config``: a TF_CONFIG written as another launcher writes it
+    # (tools/tfjob: Kubeflow's operator); by default, ours.
+    env = dict(env, TF_CONFIG=tf_config or json.dumps(
         {"cluster": cluster, "task": {"type": job, "index": index}}),
                PYTHONUNBUFFERED="1")
     # A session of its own: the task and all its children form one process
@@ -298,7 +301,8 @@ class Launcher:
     self._out = out or sys.stdout.buffer
     self._lock = threading.Lock()
     self._env = dict(os.environ if environ is None else environ)
-    self._env["SYNC_REPLICAS_BACKUPS"] = str(args.backup)
+    if args.backup is not None:  # None: tools/tfjob, whose tasks have flags.
+      self._env["SYNC_REPLICAS_BACKUPS"] = str(args.backup)
     self._env.pop("TF_CONFIG", None)
     # TensorFlow reads it once, as it loads: only the environment a task
     # starts with can keep its C++ INFO and WARNING lines (a dozen per task,
@@ -339,14 +343,26 @@ class Launcher:
                ", ".join(map(str, busy)), args.ps + args.workers)
       return EXIT_USAGE
     self.say("cluster %s", json.dumps(cluster))
-    deadline = time.monotonic() + args.timeout
+    return self.run_tasks(cluster, [
+        (job, index, args.command if placement is None else
+         self.hosts.command(placement[i], args.command), None)
+        for i, (job, index) in enumerate(order)])
+
+  def run_tasks(self, cluster, starts):
+    """Starts tasks in order and runs them to the end; returns the exit code.
+
+    Args:
+      cluster: The cluster spec every task's TF_CONFIG carries.
+      starts: ``(job, index, command, tf_config)`` of every task, in start
+        order; ``tf_config`` None for the launcher's own TF_CONFIG.
+    """
+    deadline = time.monotonic() + self._args.timeout
     code = None
+    command = None
     try:
-      for i, (job, index) in enumerate(order):
-        command = (args.command if placement is None else
-                   self.hosts.command(placement[i], args.command))
+      for job, index, command, tf_config in starts:
         task = Task(job, index, cluster, command, self._env, self._out,
-                    self._lock)
+                    self._lock, tf_config=tf_config)
         self.tasks.append(task)
         self.say("started %s (pid %d)", task.name, task.proc.pid)
       code = self._watch(deadline)
@@ -355,7 +371,7 @@ class Launcher:
       code = EXIT_INTERRUPTED
     except OSError as e:
       self.say("could not start %r: %s. Check the command after --.",
-               " ".join(args.command), e)
+               " ".join(command or ()), e)
       code = EXIT_CANNOT_RUN
     finally:
       self._stop_all()
@@ -446,7 +462,9 @@ def _confine_or_refuse(args, launcher):
                  "(docs/security.md)")
     return None
   try:
-    what = _confine.confine()
+    # With --hosts, root inside a user namespace, so that ip and tc may
+    # build the hosts there (an ordinary user's launch).
+    what = _confine.confine(as_root=args.hosts is not None)
   except _confine.CannotConfine as e:
     _cli.say(PROG, "cannot confine the cluster to a private network "
              "namespace (%s); rerun with --unconfined (or "
