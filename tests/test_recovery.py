@@ -412,6 +412,11 @@ KILLED_PS = 1
 @pytest.mark.skipif(not support.is_machine_root(), reason=(
     "emulated hosts need the machine's root here (network namespaces and a "
     "bridge in this machine's namespace, as tools/soak --faults cut)"))
+@pytest.mark.skipif(
+    tuple(int(x) for x in tf.__version__.split(".")[:2]) < (2, 16),
+    reason="16 TensorFlow processes cost about 90 CPU-seconds: CI runs this "
+    "with the newest TensorFlow only (issue 43), the protocol's code is the "
+    "same on 2.15")
 def test_16_workers_and_2_ps_on_hosts_recover_from_kills(tmp_path):
   """W = 16, P = 2, each task on an emulated host of its own.
 
