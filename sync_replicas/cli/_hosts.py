@@ -86,10 +86,9 @@ def private_mounts():
     CannotEmulate: With the reason.
   """
   libc = ctypes.CDLL(None, use_errno=True)
-  call = _call
-  call("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
-  call("making / private", libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE,
-                                      None))
+  _call("unshare(CLONE_NEWNS)", libc.unshare(_CLONE_NEWNS))
+  _call("making / private",
+        libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None))
   # The directory iproute2 itself makes on first use; left in place (empty
   # for the machine: what fills it is our tmpfs, seen only in here).
   try:
@@ -97,11 +96,11 @@ def private_mounts():
   except OSError:
     # Not ours to make (an ordinary user's launch, on a machine where no
     # ip netns ever ran): a tmpfs over all of /run, in here only, holds it.
-    call("mounting a tmpfs on /run (no %s, and no right to make it)"
-         % NETNS_DIR, libc.mount(b"tmpfs", b"/run", b"tmpfs", 0, b"mode=755"))
+    _call("mounting a tmpfs on /run (no %s, and no right to make it)"
+          % NETNS_DIR, libc.mount(b"tmpfs", b"/run", b"tmpfs", 0, b"mode=755"))
     os.makedirs(NETNS_DIR)
-  call("mounting a tmpfs on " + NETNS_DIR,
-       libc.mount(b"tmpfs", NETNS_DIR.encode(), b"tmpfs", 0, b"mode=755"))
+  _call("mounting a tmpfs on " + NETNS_DIR,
+        libc.mount(b"tmpfs", NETNS_DIR.encode(), b"tmpfs", 0, b"mode=755"))
 
 
 def name_hosts(text):
