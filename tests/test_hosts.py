@@ -87,7 +87,8 @@ def _final_accuracy(out):
 
 # ps0 counts what arrives on its port for a while; chief0 sends to it for
 # SEND_SECS, then tries the test's listener (LISTENER, on an address of the
-# launching namespace) and prints its routes and links. No TensorFlow.
+# launching namespace), and ends once the file LOOKED exists (at most 60 s
+# later). Each prints its routes and links. No TensorFlow.
 _PROBE = r"""
 import errno, json, os, socket, subprocess, time
 config = json.loads(os.environ["TF_CONFIG"])
@@ -134,6 +135,10 @@ else:
     print("outside: connected", flush=True)
   except OSError as e:
     print("outside: %s" % errno.errorcode.get(e.errno, e), flush=True)
+  # The launch (its hosts) lives until the test has looked inside.
+  end = time.monotonic() + 60
+  while not os.path.exists(os.environ["LOOKED"]) and time.monotonic() < end:
+    time.sleep(0.05)
 """
 
 
@@ -146,7 +151,7 @@ def _own_address():
 
 
 @pytest.mark.timeout(120)
-def test_nothing_routes_out_of_the_hosts_and_links_are_shaped():
+def test_nothing_routes_out_of_the_hosts_and_links_are_shaped(tmp_path):
   own = _own_address()
   if own is None:
     pytest.skip("this namespace has no address but loopback to try")
@@ -155,7 +160,8 @@ def test_nothing_routes_out_of_the_hosts_and_links_are_shaped():
     proc = _start(["--hosts", "2", "--link-rate", "20mbit", "--ps", "1",
                    "--workers", "1", "--timeout", "90", "--", sys.executable,
                    "-c", _PROBE],
-                  _env(SEND_SECS="1.5", LISTENER="%s:%d" % (own, listener)))
+                  _env(SEND_SECS="1.5", LISTENER="%s:%d" % (own, listener),
+                       LOOKED=str(tmp_path / "looked")))
     try:
       output = support.OutputLines(proc.stdout)
       pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
@@ -172,6 +178,9 @@ def test_nothing_routes_out_of_the_hosts_and_links_are_shaped():
       launch_links = inside("ip", "-o", "link")
       launch_routes = inside("ip", "route")
       qdiscs = inside("tc", "qdisc", "show")
+      # Until now the chief waited: a launch that ended meanwhile would have
+      # removed its hosts while --enter could still join its namespace.
+      (tmp_path / "looked").touch()
       proc.wait(timeout=90)
     finally:
       support.kill_group(proc)
@@ -326,9 +335,11 @@ def test_a_cut_link_is_survived(tmp_path):
   # The ps on host0 cut off for CUT_SECS while the replicas train: every
   # update waits for it, and training must go on to its last step once the
   # link is mended (as tools/soak's cuts: the task lives on, unreachable).
+  # Steps slowed by a 50 ms median sleep (no CPU): 300 of them last long
+  # enough, on a loaded machine too, for the cut to come before the end.
   proc = _start(["--hosts", "3", "--ps", "1", "--workers", "2", "--timeout",
                  "300", "--", "python", "-m", "examples.digits", "--steps",
-                 "300", "--delay_ms", "20", "--log_every", "50",
+                 "300", "--delay_ms", "50", "--log_every", "50",
                  "--checkpoint_every", "1000", "--logdir", str(tmp_path),
                  "--no_plot"])
   try:
