@@ -290,7 +290,9 @@ def test_monitored_training_session_on_hosts_is_read_by_status(tmp_path):
                                      "the cluster line", timeout=30).group(1))
     output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
                 "progress line", timeout=180)
-    assert (logdir / "sync_manifest.json").exists()
+    support.wait_until(lambda: (logdir / "sync_manifest.json").exists(),
+                       timeout=60, what="the chief's sync_manifest.json",
+                       interval=0.2)
     chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
                             "the chief's pid", timeout=1).group(1))
     # Held in turns while the status tool reads (as in test_confine): the
