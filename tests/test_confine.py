@@ -457,3 +457,31 @@ def _run_bounded(argv):
       name="run-" + os.path.basename(argv[0]))
   thread.start()
   return thread
+
+
+@pytest.mark.timeout(120)
+def test_an_ordinary_users_hosts_launch_builds_its_hosts_in_its_user_namespace():
+  # --hosts as an ordinary user: the user mapped to root in the launch's
+  # user namespace (as unshare -r), so that ip and tc may build the bridge,
+  # the hosts and their shaped links there; each task on its own address.
+  with tempfile.TemporaryDirectory(prefix="sync_replicas_hosts_") as copy:
+    copy = pathlib.Path(copy)
+    for folder in ("tools", "sync_replicas"):
+      shutil.copytree(ROOT / folder, copy / folder,
+                      ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [copy, *copy.rglob("*")]:
+      path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    prefix, python = _ordinary_user(copy)
+    proc = subprocess.run(
+        prefix + [python, str(copy / "tools" / "launch"), "--hosts", "2",
+                  "--link-rate", "100mbit", "--ps", "1", "--workers", "1",
+                  "--", "sh", "-c", "id -u; ip -o -4 addr show dev eth0"],
+        cwd=copy, env=_env(), capture_output=True, text=True, timeout=90)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "confined to a private user and network namespace with only " \
+      "loopback and the emulated hosts" in proc.stdout, proc.stdout
+  addresses = re.findall(r"^\[(?:ps0|chief0)\] \d+: eth0\s+inet ([\d.]+)/24",
+                         proc.stdout, re.M)
+  assert len(set(addresses)) == 2, proc.stdout
+  for task in ("ps0", "chief0"):
+    assert "[%s] 0\n" % task in proc.stdout, proc.stdout

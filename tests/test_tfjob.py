@@ -9,12 +9,19 @@ which is why the walk is ours; the models still do the required-field
 checks. Then the NetworkPolicy must admit exactly the job's own pods on the
 task port, and every task's command must parse with examples/digits.py's own
 argument parser.
+
+Then the rehearsal (tools/tfjob): the manifest's pods run on emulated hosts
+of this machine with the TF_CONFIG the training operator injects, and train
+to the end.
 """
 
 import copy
 import datetime
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -29,8 +36,8 @@ yaml = support.require("yaml", why="tests/test_tfjob.py reads "
 
 from examples import digits  # pylint: disable=g-import-not-at-top
 
-MANIFEST = pathlib.Path(__file__).resolve().parents[1] / "examples" / (
-    "tfjob.yaml")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "examples" / "tfjob.yaml"
 JOB_LABEL = "training.kubeflow.org/job-name"
 _MODELS = {
     ("kubeflow.org/v1", "TFJob"): "KubeflowOrgV1TFJob",
@@ -177,3 +184,53 @@ def test_every_task_command_parses_with_the_digits_parser():
   logdir = digits._parse(chief.args).logdir  # pylint: disable=protected-access
   assert any(logdir.startswith(m.mount_path) for m in chief.volume_mounts), (
       "the chief's --logdir %s is not on a mounted volume" % logdir)
+
+
+#: The TF_CONFIG the Kubeflow training operator gives this manifest's worker
+#: 1 in namespace "default", as its genTFConfigJSONStr writes it (Go's
+#: json.Marshal: struct fields in order, map keys sorted, no spaces).
+_OPERATORS_WORKER_1 = (
+    '{"cluster":{"chief":["sync-replicas-digits-chief-0.default.svc:2222"],'
+    '"ps":["sync-replicas-digits-ps-0.default.svc:2222"],"worker":['
+    '"sync-replicas-digits-worker-0.default.svc:2222",'
+    '"sync-replicas-digits-worker-1.default.svc:2222",'
+    '"sync-replicas-digits-worker-2.default.svc:2222"]},'
+    '"task":{"type":"worker","index":1},"environment":"cloud"}')
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not support.is_machine_root(), reason=(
+    "emulated hosts need the machine's root here: /run/netns and /etc/hosts "
+    "are mounted over in the rehearsal's own mount namespace"))
+def test_the_manifests_pods_train_on_emulated_hosts_with_the_operators_tf_config(
+    tmp_path):
+  # Every pod on a host of its own, its service name resolving to it, the
+  # manifest's command and args; only the steps cut from 2000 (about 80 s
+  # here) to 300, and /logs mapped to tmp_path/logs.
+  proc = subprocess.Popen(
+      [sys.executable, str(ROOT / "tools" / "tfjob"), str(MANIFEST),
+       "--link-rate", "1gbit", "--volumes", str(tmp_path),
+       "--set=--steps=300", "--timeout", "240"], cwd=ROOT,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    out, _ = proc.communicate(timeout=280)
+  finally:
+    support.kill_group(proc)
+  text = out.decode(errors="replace")
+  assert proc.returncode == 0, text[-6000:]
+  configs = dict(re.findall(r"\[launch\] (\w+-\d) \S+ at \S+: TF_CONFIG=(.*)\n",
+                            text))
+  assert sorted(configs) == ["chief-0", "ps-0", "worker-0", "worker-1",
+                             "worker-2"], text[:3000]
+  assert configs["worker-1"] == _OPERATORS_WORKER_1
+  addresses = re.findall(r"\[launch\] \w+-\d \S+ at (\S+):", text)
+  assert len(set(addresses)) == 5, addresses
+  # The ps read its address from TF_CONFIG: the service's name.
+  assert ("[ps0] ps 0 serving at sync-replicas-digits-ps-0.default.svc:2222"
+          in text), text[-4000:]
+  for task in ("chief0", "worker0", "worker1", "worker2"):
+    assert "[launch] %s exited 0\n" % task in text, text[-4000:]
+  assert re.search(r"\[chief0\] final test accuracy 0\.9\d+ .* at step 300 ",
+                   text), text[-4000:]
+  assert (tmp_path / "logs" / "digits" / "sync_manifest.json").is_file()

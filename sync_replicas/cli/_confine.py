@@ -21,6 +21,7 @@ must start in milliseconds, without TensorFlow, whose import starts the
 threads that ``confine`` refuses.
 """
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -31,6 +32,7 @@ import sys
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWNS = 0x00020000
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
@@ -40,12 +42,18 @@ class CannotConfine(Exception):
   """This platform (kernel, permissions, sandbox) cannot make the namespace."""
 
 
-def confine():
+def confine(*, as_root=False):
   """Moves this process into a new network namespace with only loopback up.
 
   Must run before the process starts any thread: ``unshare(CLONE_NEWUSER)``
   refuses a multithreaded caller, and a new network namespace would apply to
   the calling thread only. Every process started afterwards inherits it.
+
+  Args:
+    as_root: In a user namespace (the path of a process without root), map
+      this user to uid and gid 0 instead of to themselves, as ``unshare -r``
+      does: the commands it starts (``ip``, ``tc``, for emulated hosts) then
+      keep the namespace's capabilities. Files stay the user's outside.
 
   Returns:
     What was made, for a log line: ``"network namespace"`` or ``"user and
@@ -79,7 +87,7 @@ def confine():
   else:
     raise CannotConfine("; ".join(reasons))
   if flags & CLONE_NEWUSER:
-    _map_ids(uid, gid)
+    _map_ids(uid, gid, inside=(0, 0) if as_root else (uid, gid))
   _loopback_up()
   names = sorted(name for _, name in socket.if_nameindex())
   if names != ["lo"]:
@@ -121,7 +129,10 @@ def enter(pid):
 
   When ``pid`` is in a user namespace of its own (a non-root launch), that is
   entered first: its network namespace belongs to it, and only inside it does
-  this process hold the right to join.
+  this process hold the right to join. When ``pid`` has a mount namespace of
+  its own (a launch with emulated hosts: ``ip netns`` names them there, and
+  its /etc/hosts names their tasks), that is joined too, keeping the working
+  directory. Must run before the process starts a thread.
 
   Raises:
     CannotConfine: With the reason, if the namespace cannot be entered.
@@ -130,7 +141,9 @@ def enter(pid):
     raise CannotConfine("network namespaces exist on Linux only, this is %s"
                         % sys.platform)
   libc = _libc()
-  for kind, flag in (("user", CLONE_NEWUSER), ("net", CLONE_NEWNET)):
+  cwd = os.getcwd()
+  for kind, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS),
+                     ("net", CLONE_NEWNET)):
     path = "/proc/%d/ns/%s" % (pid, kind)
     try:
       if os.stat(path).st_ino == os.stat("/proc/self/ns/" + kind).st_ino:
@@ -144,6 +157,11 @@ def enter(pid):
             kind, pid, os.strerror(ctypes.get_errno())))
     finally:
       os.close(fd)
+    if kind == "mnt":
+      # Joining a mount namespace moves to its root; the same path names
+      # the same directory in there (the launch's copy of our mounts).
+      with contextlib.suppress(OSError):
+        os.chdir(cwd)
 
 
 def _libc():
@@ -173,12 +191,12 @@ def _flag_names(flags):
   return "|".join(names)
 
 
-def _map_ids(uid, gid):
+def _map_ids(uid, gid, *, inside):
   # setgroups must be denied before an unprivileged process may write a
   # gid_map (user_namespaces(7)).
-  for path, text in (("/proc/self/uid_map", "%d %d 1" % (uid, uid)),
+  for path, text in (("/proc/self/uid_map", "%d %d 1" % (inside[0], uid)),
                      ("/proc/self/setgroups", "deny"),
-                     ("/proc/self/gid_map", "%d %d 1" % (gid, gid))):
+                     ("/proc/self/gid_map", "%d %d 1" % (inside[1], gid))):
     try:
       with open(path, "w") as f:
         f.write(text)

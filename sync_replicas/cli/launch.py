@@ -31,6 +31,17 @@ the job whose manifest it reads by itself):
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
+With --hosts N the tasks run on N emulated hosts inside the launch's
+namespace: each host a network namespace of its own with its own address
+(10.231.x.1, .2, ...) on one bridge, every host's link shaped to --link-rate
+both ways (unshaped without it), tasks placed round-robin in start order (ps
+tasks first) or by --place; every task listens on port 2222 of its host
+(--port), the next ones of a host on the ports after it. No route leads out
+of the namespace; --enter and sync-replicas-status reach the hosts through
+the bridge (docs/hosts.md):
+
+  sync-replicas-launch --hosts 3 --link-rate 200mbit -- python -m examples.digits
+
 Exit code: 0 if every replica exited 0; otherwise the first failed task's
 code (1 if it died by a signal), 124 on timeout, 130 on Ctrl-C or SIGTERM,
 127 if the command cannot be started, 2 for bad arguments, a port in use or
@@ -38,6 +49,7 @@ a cluster that cannot be confined. Only the standard library is used, and
 not TensorFlow: the launcher starts in milliseconds.
 """
 
+import argparse
 import contextlib
 import json
 import os
@@ -53,6 +65,7 @@ import typing
 from sync_replicas import _ports
 from sync_replicas.cli import _cli
 from sync_replicas.cli import _confine
+from sync_replicas.cli import _hosts
 
 PROG = "sync-replicas-launch"
 EXIT_TIMEOUT = 124
@@ -94,6 +107,17 @@ def _parse(argv):
   parser.add_argument("--enter", type=int, metavar="PID",
                       help="run the command inside the network namespace of "
                       "the confined launch with this pid, and nothing else")
+  parser.add_argument("--hosts", type=int, metavar="N",
+                      help="run the tasks on N emulated hosts, each with its "
+                      "own address, inside the launch's namespace")
+  parser.add_argument("--link-rate", metavar="RATE",
+                      help="with --hosts: shape every host's link to RATE "
+                      "both ways, as tc writes it (200mbit, 1gbit; default: "
+                      "unshaped)")
+  parser.add_argument("--place", type=_host_list, metavar="H,H,...",
+                      help="with --hosts: the host number (0 to N-1) of "
+                      "every task in start order: the ps tasks, the chief, "
+                      "the workers (default: round-robin)")
   _cli.add_command(parser)
   args = parser.parse_args(argv)
   _cli.command_given(parser, args)
@@ -111,7 +135,70 @@ def _parse(argv):
       args.ps + args.workers):
     parser.error("--port must leave room for %d ports below 65536, got %d"
                  % (args.ps + args.workers, args.port))
+  if args.hosts is not None:
+    problem = _hosts_problem(args)
+    if problem:
+      parser.error(problem)
+  elif args.link_rate is not None or args.place is not None:
+    parser.error("--link-rate and --place shape and place emulated hosts: "
+                 "give --hosts N too")
   return args
+
+
+def _host_list(text):
+  try:
+    return [int(h) for h in text.split(",")]
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        "expected host numbers separated by commas, e.g. 0,1,1,2; got %r"
+        % text) from None
+
+
+def _hosts_problem(args):
+  """What is wrong with the --hosts arguments, or None."""
+  tasks = args.ps + args.workers
+  if not 1 <= args.hosts <= 250:
+    return "--hosts must be in [1, 250], got %d" % args.hosts
+  if args.unconfined:
+    return ("--hosts builds its hosts inside the launch's own namespace "
+            "and cannot run --unconfined")
+  if args.link_rate is not None:
+    try:
+      _hosts.rate_bits(args.link_rate)
+    except ValueError as e:
+      return "--link-rate: %s" % e
+  if args.place is not None:
+    if len(args.place) != tasks:
+      return ("--place needs one host number per task (%d: --ps %d, then "
+              "--workers %d), got %d" % (tasks, args.ps, args.workers,
+                                         len(args.place)))
+    bad = [h for h in args.place if not 0 <= h < args.hosts]
+    if bad:
+      return ("--place numbers hosts 0 to %d (--hosts %d), got %s" % (
+          args.hosts - 1, args.hosts, ", ".join(map(str, bad))))
+  if args.port is not None and args.port > 65536 - tasks:
+    return "--port must leave room for %d ports below 65536" % tasks
+  return None
+
+
+def task_order(num_ps, num_workers):
+  """(job, index) of every task in start order: ps, chief, workers."""
+  return ([("ps", i) for i in range(num_ps)] + [("chief", 0)] +
+          [("worker", i) for i in range(num_workers - 1)])
+
+
+def hosts_cluster_spec(order, addresses, placement, *, base_port):
+  """The cluster spec of tasks ``order`` placed on hosts ``placement``.
+
+  The first task on each host at ``base_port``, the next ones of that host
+  on the ports after it.
+  """
+  cluster, taken = {}, {}
+  for (job, _), host in zip(order, placement, strict=True):
+    port = base_port + taken.get(host, 0)
+    taken[host] = taken.get(host, 0) + 1
+    cluster.setdefault(job, []).append("%s:%d" % (addresses[host], port))
+  return cluster
 
 
 free_ports = _ports.free_ports
@@ -153,16 +240,20 @@ class Task:
   """One process of the cluster: its name, process and log streamer."""
 
   def __init__(self, job, index, cluster, command, env, out, out_lock, *,
-               preexec_fn=None):
-    """Starts the task; ``cluster`` None: no TF_CONFIG (the command has
-    its cluster as flags). ``preexec_fn`` runs in the child before the
-    command (``subprocess.Popen``'s)."""
+               config=None, preexec_fn=None):
+    """Starts the task. Its TF_CONFIG: ``config`` where given (a TF_CONFIG
+    as another launcher writes it, e.g. tools/tfjob's, as Kubeflow's
+    operator does), else ours for ``cluster``; none where ``cluster`` is
+    None too (the command has its cluster as flags). ``preexec_fn`` runs in
+    the child before the command (``subprocess.Popen``'s)."""
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
     env = dict(env, PYTHONUNBUFFERED="1")
-    if cluster is not None:
-      env["TF_CONFIG"] = tf_config(cluster, job, index)
+    if config is None and cluster is not None:
+      config = tf_config(cluster, job, index)
+    if config is not None:
+      env["TF_CONFIG"] = config
     # A session of its own: the task and all its children form one process
     # group that can be signalled at once, and a terminal's Ctrl-C reaches
     # the launcher only, which then stops the tasks in order.
@@ -222,12 +313,15 @@ class Task:
 class Launcher:
   """Starts, watches and stops the tasks of one run."""
 
-  def __init__(self, args, *, out=None, environ=None):
+  def __init__(self, args, *, out=None, environ=None, hosts=None):
     self._args = args
+    #: The emulated hosts the tasks run on (``_hosts.Hosts``), or None.
+    self.hosts = hosts
     self._out = out or sys.stdout.buffer
     self._lock = threading.Lock()
     self._env = dict(os.environ if environ is None else environ)
-    self._env["SYNC_REPLICAS_BACKUPS"] = str(args.backup)
+    if args.backup is not None:  # None: tools/tfjob, whose tasks have flags.
+      self._env["SYNC_REPLICAS_BACKUPS"] = str(args.backup)
     self._env.pop("TF_CONFIG", None)
     # TensorFlow reads it once, as it loads: only the environment a task
     # starts with can keep its C++ INFO and WARNING lines (a dozen per task,
@@ -243,9 +337,24 @@ class Launcher:
   def run(self):
     """Runs the cluster to its end; returns the launcher's exit code."""
     args = self._args
-    cluster = cluster_spec(num_ps=args.ps, num_workers=args.workers,
-                           base_port=args.port)
-    busy = _ports_in_use(cluster)
+    # ps first, then the chief: a replica that finds the model
+    # uninitialized may sleep 30 s before it looks again.
+    order = task_order(args.ps, args.workers)
+    placement = None
+    if self.hosts is None:
+      cluster = cluster_spec(num_ps=args.ps, num_workers=args.workers,
+                             base_port=args.port)
+      busy = _ports_in_use(cluster)
+    else:
+      # Fresh hosts: every port is free on them.
+      placement = args.place or [i % args.hosts for i in range(len(order))]
+      cluster = hosts_cluster_spec(order, self.hosts.addresses, placement,
+                                   base_port=args.port or CONFINED_BASE_PORT)
+      busy = []
+      for host, address in enumerate(self.hosts.addresses):
+        self.say("%s %s: %s", self.hosts.names[host], address, ", ".join(
+            "%s%d" % task for task, on in zip(order, placement, strict=True)
+            if on == host) or "no task")
     if busy:
       self.say("port(s) %s already in use on this machine: nothing was "
                "started. Pick another --port (the cluster needs %d ports "
@@ -253,16 +362,26 @@ class Launcher:
                ", ".join(map(str, busy)), args.ps + args.workers)
       return EXIT_USAGE
     self.say("cluster %s", json.dumps(cluster))
-    deadline = time.monotonic() + args.timeout
+    return self.run_tasks(cluster, [
+        (job, index, args.command if placement is None else
+         self.hosts.command(placement[i], args.command), None)
+        for i, (job, index) in enumerate(order)])
+
+  def run_tasks(self, cluster, starts):
+    """Starts tasks in order and runs them to the end; returns the exit code.
+
+    Args:
+      cluster: The cluster spec every task's TF_CONFIG carries.
+      starts: ``(job, index, command, config)`` of every task, in start
+        order; ``config`` None for the launcher's own TF_CONFIG.
+    """
+    deadline = time.monotonic() + self._args.timeout
     code = None
+    command = None
     try:
-      # ps first, then the chief: a replica that finds the model
-      # uninitialized may sleep 30 s before it looks again.
-      order = [("ps", i) for i in range(args.ps)] + [("chief", 0)] + [
-          ("worker", i) for i in range(args.workers - 1)]
-      for job, index in order:
-        task = Task(job, index, cluster, args.command, self._env, self._out,
-                    self._lock)
+      for job, index, command, config in starts:
+        task = Task(job, index, cluster, command, self._env, self._out,
+                    self._lock, config=config)
         self.tasks.append(task)
         self.say("started %s (pid %d)", task.name, task.proc.pid)
       code = self._watch(deadline)
@@ -271,7 +390,7 @@ class Launcher:
       code = EXIT_INTERRUPTED
     except OSError as e:
       self.say("could not start %r: %s. Check the command after --.",
-               " ".join(args.command), e)
+               " ".join(command or ()), e)
       code = EXIT_CANNOT_RUN
     finally:
       self._stop_all()
@@ -389,7 +508,9 @@ def _confine_or_refuse(args, launcher):
                  "(docs/security.md)")
     return None
   try:
-    what = _confine.confine()
+    # With --hosts, root inside a user namespace, so that ip and tc may
+    # build the hosts there (an ordinary user's launch).
+    what = _confine.confine(as_root=args.hosts is not None)
   except _confine.CannotConfine as e:
     _cli.say(PROG, "cannot confine the cluster to a private network "
              "namespace (%s); rerun with --unconfined (or "
@@ -398,10 +519,35 @@ def _confine_or_refuse(args, launcher):
     return EXIT_USAGE
   if args.port is None:
     args.port = CONFINED_BASE_PORT
-  launcher.say("confined to a private %s with only loopback: nothing outside "
-               "it reaches the cluster's ports. Run a command inside with: "
-               "%s --enter %d -- COMMAND", what, PROG, os.getpid())
+  launcher.say("confined to a private %s with only loopback%s: nothing "
+               "outside it reaches the cluster's ports. Run a command inside "
+               "with: %s --enter %d -- COMMAND", what,
+               "" if args.hosts is None else " and the emulated hosts",
+               PROG, os.getpid())
   return None
+
+
+def _emulate_hosts(args, launcher):
+  """The emulated hosts of --hosts (None without), or an exit code.
+
+  Runs confined, before the launcher starts any thread: the mount namespace
+  that hides ``ip netns``'s state needs that.
+  """
+  if args.hosts is None:
+    return None
+  try:
+    _hosts.private_mounts()
+    hosts = _hosts.Hosts(args.hosts, rate=args.link_rate)
+  except _hosts.CannotEmulate as e:
+    _cli.say(PROG, "cannot emulate %d hosts inside the launch's namespace "
+             "(%s); run without --hosts to put every task on its loopback"
+             % (args.hosts, e))
+    return EXIT_USAGE
+  launcher.say("%d emulated hosts on bridge address %s, links %s",
+               args.hosts, hosts.bridge_address,
+               "shaped to %s both ways" % args.link_rate
+               if args.link_rate else "unshaped")
+  return hosts
 
 
 def _ports_in_use(cluster):
@@ -457,16 +603,18 @@ def _enter(args):
 def confined_launches(*, port=None, namespace=None):
   """The pids of the running confined launches, those whose namespace
   listens on ``port``, or whose namespace is ``namespace`` (its inode, as
-  a sync manifest records it): where a tool must go to reach their cluster.
+  a sync manifest records it), or the namespace of one of its tasks (an
+  emulated host's, with --hosts): where a tool must go to reach their
+  cluster.
 
   Only launches of this machine that this user may look into count; an
   ``--enter`` has become its command and is not one.
   """
   found = []
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) == os.getpid():
+  pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+  for pid in pids:
+    if pid == os.getpid():
       continue
-    pid = int(entry)
     try:
       with open("/proc/%d/cmdline" % pid, "rb") as f:
         argv = [a.decode(errors="replace") for a in f.read().split(b"\0")
@@ -474,10 +622,28 @@ def confined_launches(*, port=None, namespace=None):
       if (_is_launch(argv) and "--enter" not in argv
           and _confine.is_confined_apart(pid)
           and (namespace is None
-               or os.stat("/proc/%d/ns/net" % pid).st_ino == namespace)
+               or namespace in _namespaces_of(pid, pids))
           and (port is None or _confine.listens(port, pid))):
         found.append(pid)
     except OSError:
+      continue  # Ended meanwhile, or not ours to read.
+  return found
+
+
+def _namespaces_of(launch, pids):
+  """The network namespaces of process ``launch`` and of its children (its
+  tasks, which run on emulated hosts with --hosts), as inodes."""
+  found = {os.stat("/proc/%d/ns/net" % launch).st_ino}
+  for pid in pids:
+    try:
+      with open("/proc/%d/stat" % pid, encoding="ascii",
+                errors="replace") as f:
+        # The parent is the second field after the command's ")", which
+        # may itself hold spaces and parentheses.
+        parent = int(f.read().rpartition(")")[2].split()[1])
+      if parent == launch:
+        found.add(os.stat("/proc/%d/ns/net" % pid).st_ino)
+    except (OSError, ValueError, IndexError):
       continue  # Ended meanwhile, or not ours to read.
   return found
 
@@ -510,12 +676,22 @@ def _main(argv):
   refused = _confine_or_refuse(args, launcher)
   if refused is not None:
     return refused
+  hosts = _emulate_hosts(args, launcher)
+  if isinstance(hosts, int):
+    return hosts
   # Ctrl-C, and SIGTERM (e.g. from a CI timeout), stop the tasks. SIGINT is
   # set explicitly: a shell starts background jobs with it ignored, and
   # Python then installs no handler of its own.
   signal.signal(signal.SIGINT, signal.default_int_handler)
   signal.signal(signal.SIGTERM, lambda *_: _raise_interrupt())
-  return launcher.run()
+  if hosts is None:
+    return launcher.run()
+  launcher.hosts = hosts
+  try:
+    return launcher.run()
+  finally:
+    # Everything also goes with the launch's namespaces, however it ends.
+    hosts.close()
 
 
 def _raise_interrupt():

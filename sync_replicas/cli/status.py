@@ -21,11 +21,12 @@ first ps task), sees only the jobs that hold sync state, and runs nothing but
 ``num_accumulated``, the queues' ``size`` and reads of the global and local
 steps: it never takes, dequeues or assigns, so it cannot change training.
 A cluster that sync-replicas-launch confined to its network namespace is
-reached there: for a target on 127.0.0.1, the tool enters the namespace of
-the running confined launch that the manifest names (its writer records its
-network namespace), or, for a manifest without that record, of the one
-launch whose namespace listens on the target's port, and says so. With
-several such launches it asks for one:
+reached there: the tool enters the namespace of the running confined launch
+that the manifest names (its writer records its network namespace: the
+launch's own, or with --hosts an emulated host's inside it), or, for a
+target on 127.0.0.1 and a manifest without that record, of the one launch
+whose namespace listens on the target's port, and says so. With several
+such launches it asks for one:
 
   sync-replicas-launch --enter PID -- sync-replicas-status --manifest runs/x --ps 127.0.0.1:2222
 
@@ -214,26 +215,28 @@ def _namespace_in_use(namespace):
 def _enter_confined_launch(target, namespace):
   """Enters the namespace of the confined launch that runs the job.
 
-  Only for a target on loopback, and only in a process without threads:
+  Only in a process without threads:
   the tool run as a command, before TensorFlow's import (a user namespace
   admits no process with threads, and a network namespace would hold only
   the calling thread). Called in a process with threads (a test's), it
   leaves the namespace alone. The launch is the one whose namespace the
-  manifest names (``namespace``, as its writer recorded it); without a
-  record, the one whose namespace listens on the target's port, when
-  nothing of this namespace does.
+  manifest names (``namespace``, as its writer recorded it: with --hosts,
+  an emulated host's namespace inside the launch's, whose bridge reaches
+  every host); without a record, for a target on loopback, the one whose
+  namespace listens on the target's port, when nothing of this namespace
+  does.
 
   Returns:
     None, or the reason the tool cannot choose (several launches).
   """
   host, _, port = target[len("grpc://"):].rpartition(":")
-  if host not in _LOOPBACK_HOSTS or _confine.thread_count() > 1:
+  if _confine.thread_count() > 1:
     return None
   if namespace is not None:
     if namespace == os.stat("/proc/self/ns/net").st_ino:
       return None
     pids = launch.confined_launches(namespace=namespace)
-  elif _confine.listens(int(port)):
+  elif host not in _LOOPBACK_HOSTS or _confine.listens(int(port)):
     return None
   else:
     pids = launch.confined_launches(port=int(port))
