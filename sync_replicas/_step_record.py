@@ -163,6 +163,17 @@ class LocalStepRecord:
             for k, v in zip(keys, values, strict=True)}
 
 
+#: What the done record's shared name ends with (``_data_end.DataEnd``).
+_DONE_SUFFIX = "sync_replicas_done"
+
+
+def addresses_name(done_shared_name):
+  """The address table's shared name, from the done record's (the status
+  tool's manifest names only the latter): the same prefix."""
+  prefix = done_shared_name[:-len(_DONE_SUFFIX)]
+  return prefix + "sync_replicas_local_steps_addresses"
+
+
 def task_address(target, device, *, environ=None):
   """This worker's ``host:port``, or None if it cannot tell.
 

@@ -7,6 +7,7 @@ listens (a task that died). Each recorded its address on the ps at its
 session's start, as our hook does, before it was lost.
 """
 
+import io
 import json
 import logging
 import socket
@@ -60,12 +61,14 @@ def _stall_lines(caplog):
 
 
 def test_stall_line_names_each_worker_that_cannot_push_and_why(
-    lost_cluster, caplog):
+    lost_cluster, caplog, tmp_path):
   caplog.set_level(logging.WARNING, logger="sync_replicas")
   chief = support.LinearWorker(
       support.OURS, lost_cluster, 0, replicas=3, total=3,
       opt_kwargs={"stall_log_secs": STALL_LOG_SECS,
                   "stall_timeout_secs": STALL_TIMEOUT_SECS})
+  chief.opt.write_sync_manifest(str(tmp_path))
+  status = []
   stopped = []
   try:
     with chief.graph.as_default(), \
@@ -78,6 +81,11 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
       # hook's record_task_address, whose table this writes), then were lost.
       _record_addresses(lost_cluster.target, {
           1: lost_cluster.spec["worker"][1], 2: lost_cluster.spec["worker"][2]})
+      # sync-replicas-status, run while the chief's step waits.
+      status.append(support.BoundedThread(
+          lambda: _status_once(tmp_path, lost_cluster.spec["ps"][0]),
+          name="status"))
+      status[0].start()
       sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
   except sync_replicas.SyncStallError as e:
     stopped.append(str(e))
@@ -92,6 +100,23 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
   assert "worker key 0" not in line  # The chief pushed; its task answers.
   # The job's end names them too.
   assert stopped and "cannot push" in stopped[0], stopped
+  # So does sync-replicas-status, from its own reads and probes.
+  text = status[0].finish(timeout=60)
+  assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s"
+          % (spec["worker"][2], _lost.REFUSED)) in text, text
+  assert "worker key 1 (/job:worker/replica:0/task:1 at " in text, text
+
+
+def _status_once(manifest_dir, ps):
+  """sync-replicas-status's output once it names a worker that cannot push
+  (the chief's push may land a moment after the tool starts)."""
+  from sync_replicas.cli import status as status_tool  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  support.wait_until(
+      lambda: status_tool.main(["--manifest", str(manifest_dir), "--ps", ps],
+                               out=out) == 0 and "cannot push" in
+      out.getvalue(), timeout=30, what="sync-replicas-status naming them")
+  return out.getvalue()
 
 
 def _record_addresses(target, addresses):
