@@ -19,9 +19,10 @@ import json
 import logging
 import os
 import sys
-import time
 
 import tensorflow as tf
+
+import sync_replicas
 
 _LOG = logging.getLogger("examples.task")
 
@@ -260,6 +261,8 @@ def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
   A non-chief's session creation otherwise finds the model uninitialized and
   sleeps SessionManager's fixed 30 s recovery wait before looking again, and
   every task of a freshly launched cluster starts at the same moment.
+  ``sync_replicas.wait_for_chief_init`` does it, through ps restarts (a
+  failed poll's session is replaced: it may not answer again for minutes).
 
   Args:
     target: This replica's server target.
@@ -271,50 +274,9 @@ def wait_for_chief(target, uninitialized_op, config, *, timeout=300.0):
   Raises:
     SystemExit: If the chief has not initialized the model within ``timeout``.
   """
-  start = time.monotonic()
-  sess, seen, logged = None, "none ended", start
   try:
-    while True:
-      if sess is None:
-        sess = tf.compat.v1.Session(target, config=config)
-      try:
-        missing = sess.run(uninitialized_op)
-        if not len(missing):  # pylint: disable=g-explicit-length-test
-          return
-        seen = "%d variable(s) not initialized" % len(missing)
-      except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
-        seen = _said(e)  # The ps is not up yet.
-      except (tf.errors.AbortedError, tf.errors.CancelledError) as e:
-        # A ps restarted and no longer knows this session: open a new one,
-        # as MonitoredSession does. (TensorFlow 2.15 reports it as the
-        # cancelled receive, with the ps's Aborted inside.)
-        seen = _said(e)
-        _close_quietly(sess)
-        sess = None
-      now = time.monotonic()
-      if now - start > timeout:
-        raise SystemExit(
-            "The chief did not initialize the model within %.0f s (last "
-            "poll: %s). Is the chief task running, and does it reach the ps "
-            "tasks?" % (timeout, seen))
-      # A wait that lasts says so, with what it sees (the soak once saw a
-      # replica wait 300 s, silent, while the others trained).
-      if now - logged >= WAIT_LOG_SECS:
-        _LOG.info("still waiting for the chief after %.0f s; last poll: %s",
-                  now - start, seen)
-        logged = now
-      time.sleep(0.5)
-  finally:
-    if sess is not None:
-      _close_quietly(sess)
-
-
-def _said(error):
-  return "%s: %s" % (type(error).__name__, error.message.splitlines()[0])
-
-
-def _close_quietly(sess):
-  try:
-    sess.close()
-  except tf.errors.OpError:
-    pass  # A restarted ps does not know the session it is asked to close.
+    sync_replicas.wait_for_chief_init(target, uninitialized_op, config=config,
+                                      timeout_secs=timeout,
+                                      log_secs=WAIT_LOG_SECS)
+  except TimeoutError as e:
+    raise SystemExit(str(e)) from None

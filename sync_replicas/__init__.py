@@ -22,6 +22,7 @@ if typing.TYPE_CHECKING:  # For readers and type checkers: the same names.
   from sync_replicas.legacy import SyncReplicasOptimizerV2
   from sync_replicas.optimizer import SyncReplicasOptimizer
   from sync_replicas.reads import read_packed
+  from sync_replicas.ready import wait_for_chief_init
   from sync_replicas.slim import slim_train
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ _HOMES = {
     "is_recoverable_error": "sync_replicas.errors",
     "read_packed": "sync_replicas.reads",
     "slim_train": "sync_replicas.slim",
+    "wait_for_chief_init": "sync_replicas.ready",
 }
 
 # A literal list, which linters and type checkers read without running the
@@ -52,6 +54,7 @@ __all__ = [
     "is_recoverable_error",
     "read_packed",
     "slim_train",
+    "wait_for_chief_init",
 ]
 
 

@@ -153,8 +153,7 @@ class DataEnd:
     tokens_per_step: Tokens a full update releases.
     shared_prefix: What the optimizer's shared names start with.
     shared_tokens: Every worker takes from ``sync_token_q`` (not
-      ``one_gradient_per_worker``'s own queues): only then are the tokens
-      cut.
+      ``one_gradient_per_worker``'s queues): only then are tokens cut.
   """
 
   enabled = True
@@ -184,7 +183,8 @@ class DataEnd:
   def build(self, *, device, scope, token_queue, local_step):
     """The done record and the ops that read and write it."""
     self.key, self.who = worker_key(local_step.device)
-    self.local_steps.build(device=device, scope=scope, key=self.key)
+    self.local_steps.build(device=device, scope=scope, key=self.key,
+                           worker_device=local_step.device)
     with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
       # A table, not a variable: no Saver, readiness check or checkpoint
       # sees it, and it lives as long as the ps task, across chief restarts;
@@ -545,6 +545,22 @@ class AnnouncesDataEnd:
         should_stop=should_stop or (lambda: False),
         no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
         log_secs=o.stall_log_secs)
+
+  def record_task_address(self, sess: "tf.compat.v1.Session") -> None:
+    """Not in stock: records this worker's task address on the ps.
+
+    With a ``data_end`` policy, the chief's stall line names a worker whose
+    gradient an update lacks by its address and probes its task; the hook
+    calls this at each session's start. Nothing with ``data_end="stock"``.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self
+    _ = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    if ends.enabled:
+      ends.local_steps.record_address(sess)
 
   def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
     """Not in stock: what a worker's hook adds to a session run of

@@ -23,6 +23,7 @@ import tensorflow as tf
 from sync_replicas import _accumulators
 from sync_replicas import _diagnose
 from sync_replicas import _process
+from sync_replicas import _step_record
 from sync_replicas import _tokens
 
 FORMAT = "sync_replicas.manifest/1"
@@ -34,7 +35,7 @@ FILE_NAME = "sync_manifest.json"
 # manifest that does not name it.
 ReadOps = collections.namedtuple(
     "ReadOps", ["global_step", "tokens", "num_accumulated", "starts",
-                "done_workers"], defaults=[None])
+                "done_workers", "addresses"], defaults=[None, None])
 
 
 def build(*, accumulators, global_step, replicas_to_aggregate,
@@ -291,6 +292,15 @@ def read_ops(manifest):
           key_dtype=tf.int64, value_dtype=tf.int64)
       done = tf.raw_ops.LookupTableExportV2(
           table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64)[0]
+      # Beside it, the workers' task addresses (_step_record's table).
+      addresses = tf.raw_ops.LookupTableExportV2(
+          table_handle=tf.raw_ops.MutableHashTableV2(
+              shared_name=_step_record.addresses_name(
+                  manifest["done_workers"]),
+              use_node_name_sharing=False, key_dtype=tf.int64,
+              value_dtype=tf.string),
+          Tkeys=tf.int64, Tvalues=tf.string)
+      return ReadOps(step, tokens, counts, starts, done, addresses)
   return ReadOps(step, tokens, counts, starts, done)
 
 

@@ -57,6 +57,7 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _data_end
 from sync_replicas import _diagnose
+from sync_replicas import _lost
 from sync_replicas import _saves
 from sync_replicas import _timeline
 from sync_replicas import errors
@@ -920,9 +921,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       done = _data_end.read_done(sess, ends)
       needed, done_clause = _data_end.stall_part(
           done, ends, self.replicas_to_aggregate)
-      # The workers' own record on the ps, where a data_end policy keeps
-      # one; else each worker task's local step, which device filters may
-      # hide from the chief.
+      # The workers' record on the ps (a data_end policy's); else each
+      # worker task's local step, which device filters may hide.
       local_steps = (ends.local_steps.read(sess, done)
                      if ends is not None and done is not None else None)
       if local_steps is None:
@@ -930,10 +930,11 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                                         self._local_steps)
       what = _diagnose.verdict(
           names=self.status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=needed,
-          global_step=int(step), starts=int(starts),
+          replicas_to_aggregate=needed, global_step=int(step), starts=int(starts),
           generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=local_steps) + done_clause
+          local_steps=local_steps) + done_clause + _lost.stall_clause(
+              sess, ends=ends, done=done, counts=counts, needed=needed,
+              reader=self._local_steps)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         self._report(coord, _stall_error(
             waited, self._stall_timeout_secs, what,

@@ -18,9 +18,18 @@ our scope stays stock's: the hook fetches it beside the train op. Its input
 is the dequeued token, on the ps where the dequeue ran, so the run's ps
 partition does it: no transfer, no extra round trip. A Supervisor loop runs
 no hook and records nothing; the stall line then reads the tasks as before.
+
+Beside it, every worker's task address (a second table: key to
+``host:port``), which the hook records at each session's start, so that the
+chief can name a worker whose gradient an update lacks and probe its task
+(``_lost``).
 """
 
+import json
 import logging
+import os
+import socket
+import urllib.parse
 
 import tensorflow as tf
 
@@ -48,10 +57,14 @@ class LocalStepRecord:
     self._device = self._scope = self._key = None
     self._table = self._export = None
     self._insert = self._train_runs = None
+    self._addresses = self._address = self._address_insert = None
+    self._address_export = self._device_of_worker = None
 
-  def build(self, *, device, scope, key):
-    """The table, on ``device`` in ``scope``; ``key``: this worker's."""
+  def build(self, *, device, scope, key, worker_device=None):
+    """The tables, on ``device`` in ``scope``; ``key``: this worker's;
+    ``worker_device``: where its local step lives (its task)."""
     self._device, self._scope, self._key = device, scope, key
+    self._device_of_worker = worker_device
     with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
       # A table, not a variable: no Saver, readiness check or checkpoint
       # sees it.
@@ -61,6 +74,19 @@ class LocalStepRecord:
       self._export = tf.raw_ops.LookupTableExportV2(
           table_handle=self._table, Tkeys=tf.int64, Tvalues=tf.int64,
           name="local_steps_export")
+      self._addresses = tf.raw_ops.MutableHashTableV2(
+          shared_name=self.shared_name + "_addresses",
+          use_node_name_sharing=False, key_dtype=tf.int64,
+          value_dtype=tf.string, name="worker_addresses")
+      self._address = tf.compat.v1.placeholder(tf.string, [],
+                                               name="worker_address")
+      self._address_insert = tf.raw_ops.LookupTableInsertV2(
+          table_handle=self._addresses,
+          keys=tf.constant([key], tf.int64),
+          values=tf.reshape(self._address, [1]), name="record_address")
+      self._address_export = tf.raw_ops.LookupTableExportV2(
+          table_handle=self._addresses, Tkeys=tf.int64, Tvalues=tf.string,
+          name="addresses_export")
 
   def record(self, token, *, train_op):
     """The insert of ``token`` (the train op's new local step, on the ps)
@@ -106,3 +132,69 @@ class LocalStepRecord:
     return [_diagnose.LocalStep(
         "key %d" % k, found.get(k), None if k in found else "no step yet",
         done=k in done) for k in sorted(every)]
+
+  def record_address(self, session, *, environ=None):
+    """Records this worker's task address under its key; the hook calls it
+    at each session's start. Best effort: a failure is logged at debug."""
+    address = task_address(session.sess_str, self._device_of_worker,
+                           environ=environ)
+    if address is None or self._address_insert is None:
+      return
+    try:
+      session.run(self._address_insert, feed_dict={self._address: address},
+                  options=tf.compat.v1.RunOptions(
+                      timeout_in_ms=READ_TIMEOUT_MS))
+    except tf.errors.OpError as e:
+      _LOG.debug("recording this worker's address on the ps failed: %s", e)
+
+  def read_addresses(self, session):
+    """``{key: "host:port"}`` of every worker that recorded one; {} if the
+    table cannot be read."""
+    if self._address_export is None:
+      return {}
+    try:
+      keys, values = session.run(
+          self._address_export,
+          options=tf.compat.v1.RunOptions(timeout_in_ms=READ_TIMEOUT_MS))
+    except Exception as e:  # pylint: disable=broad-except
+      _LOG.debug("reading the workers' addresses on the ps failed: %s", e)
+      return {}
+    return {int(k): v.decode("utf-8")
+            for k, v in zip(keys, values, strict=True)}
+
+
+#: What the done record's shared name ends with (``_data_end.DataEnd``).
+_DONE_SUFFIX = "sync_replicas_done"
+
+
+def addresses_name(done_shared_name):
+  """The address table's shared name, from the done record's (the status
+  tool's manifest names only the latter): the same prefix."""
+  prefix = done_shared_name[:-len(_DONE_SUFFIX)]
+  return prefix + "sync_replicas_local_steps_addresses"
+
+
+def task_address(target, device, *, environ=None):
+  """This worker's ``host:port``, or None if it cannot tell.
+
+  TF_CONFIG's entry for the task of ``device`` (a ``/job:J/.../task:T``
+  string) where it has one; else the port of ``target`` (this task's server,
+  ``grpc://localhost:PORT`` for a ``tf.distribute.Server``) on this host's
+  name, which other hosts can resolve where ``localhost`` names their own.
+  """
+  environ = os.environ if environ is None else environ
+  spec = tf.DeviceSpec.from_string(device or "")
+  try:
+    cluster = json.loads(environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return str(cluster[spec.job][spec.task])
+  except (ValueError, AttributeError, KeyError, IndexError, TypeError):
+    pass
+  if isinstance(target, bytes):  # tf.distribute.Server.target is bytes.
+    target = target.decode("utf-8")
+  parsed = urllib.parse.urlsplit(target or "")
+  if not parsed.port:
+    return None
+  host = parsed.hostname or "localhost"
+  if host == "localhost":
+    host = socket.gethostname()
+  return "%s:%d" % (host, parsed.port)

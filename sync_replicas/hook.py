@@ -124,6 +124,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
           "local_init. Init op: %s, error: %s"
           % (self._local_init_op.name, msg))
     session.run(self._local_init_op)
+    # Where this worker's task is, for the chief's stall line (data_end).
+    self._sync_optimizer.record_task_address(session)
     if self._q_runner is not None:
       # Before any token and before the loop: an update must not wait for
       # a worker whose end a restarted ps forgot (data_end).

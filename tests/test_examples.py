@@ -388,7 +388,7 @@ def test_wait_for_chief_gives_up_saying_what_it_last_saw(caplog):
     with tf.compat.v1.device("/job:ps/task:0"):
       tf.compat.v1.get_variable("never", [], initializer=tf.ones_initializer())
     uninitialized = tf.compat.v1.report_uninitialized_variables()
-    with caplog.at_level("INFO", logger="examples.task"), pytest.raises(
+    with caplog.at_level("INFO", logger="sync_replicas.ready"), pytest.raises(
         SystemExit) as gave_up, pytest.MonkeyPatch.context() as patch:
       patch.setattr(_task, "WAIT_LOG_SECS", 0.5)
       _task.wait_for_chief(cluster.worker_targets[0], uninitialized,

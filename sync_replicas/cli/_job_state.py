@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from sync_replicas import _data_end
 from sync_replicas import _diagnose
+from sync_replicas import _lost
 from sync_replicas import _manifest
 from sync_replicas.cli import _cli
 from sync_replicas.cli import launch
@@ -29,13 +30,18 @@ def snapshot(sess, ops, manifest):
   starts = None if ops.starts is None else int(sess.run(ops.starts))
   done = (None if ops.done_workers is None
           else sorted(int(k) for k in sess.run(ops.done_workers)))
+  addresses = {}
+  if ops.addresses is not None:
+    keys, values = sess.run(ops.addresses)
+    addresses = {int(k): v.decode("utf-8")
+                 for k, v in zip(keys, values, strict=True)}
   needed = manifest["replicas_to_aggregate"]
   if done:
     # What the chief's loop asks once workers are done (_data_end.need).
     needed = max(0, min(needed, manifest["tokens_per_step"] - len(done)))
   return {"global_step": int(step), "tokens": int(tokens),
           "counts": [int(c) for c in counts], "starts": starts,
-          "needed": needed, "done": done}
+          "needed": needed, "done": done, "addresses": addresses}
 
 
 def replicas(state, manifest, reader, target, timeout):
@@ -54,10 +60,19 @@ def replicas(state, manifest, reader, target, timeout):
     return None
   found = reader.read(target, devices, config=tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=int(timeout * 1000)))
+  # The chief's stall line's words on the workers that cannot push, from
+  # the readings above and a probe of each recorded address.
+  by_device = dict(zip(devices, found, strict=True))
+  lost = _lost.lacking(
+      keys=set(range(len(devices))) - set(state["done"] or ()),
+      addresses=state.get("addresses") or {}, devices=dict(enumerate(devices)),
+      read_steps=lambda wanted: [by_device[d] for d in wanted])
   return _diagnose.replicas_clause(
       found, global_step=state["global_step"], tokens=state["tokens"],
       starts=state["starts"],
-      generations=manifest["global_step"]["dtype"] == "int64", waiting=True)
+      generations=manifest["global_step"]["dtype"] == "int64",
+      waiting=True) + _lost.clause(
+          lost, missing=state["needed"] - min(state["counts"] or [0]))
 
 
 def render(state, manifest, *, stalled_secs=None, stall_secs=None,

@@ -1,0 +1,160 @@
+"""A worker lost for good (issue 44): named at once in the chief's stall line.
+
+The cluster is real: a ps and the chief are in-process servers; worker 1's
+address is a listening socket that never answers (the kernel accepts its
+connections, as for a SIGSTOPped task) and worker 2's a port where nothing
+listens (a task that died). Each recorded its address on the ps at its
+session's start, as our hook does, before it was lost.
+"""
+
+import io
+import json
+import logging
+import socket
+import types
+
+import pytest
+import tensorflow as tf
+
+import support
+import sync_replicas
+from sync_replicas import _lost
+from sync_replicas import _step_record
+
+STALL_LOG_SECS = 0.3
+#: Past the first stall line, which probes for up to about 4 s.
+STALL_TIMEOUT_SECS = 8
+
+
+@pytest.fixture(name="lost_cluster")
+def _lost_cluster(monkeypatch):
+  silent = socket.socket()
+  silent.bind(("127.0.0.1", 0))
+  silent.listen(16)  # Never accepted: connections wait in the backlog.
+  ports = sync_replicas.cluster.free_ports(3)
+  spec = {"ps": ["127.0.0.1:%d" % ports[0]],
+          "worker": ["127.0.0.1:%d" % ports[1],
+                     "127.0.0.1:%d" % silent.getsockname()[1],
+                     "127.0.0.1:%d" % ports[2]]}
+  cluster = tf.train.ClusterSpec(spec)
+  ps = tf.distribute.Server(cluster, job_name="ps", task_index=0)
+  chief = tf.distribute.Server(cluster, job_name="worker", task_index=0)
+  # Where each worker's hook finds its own address (task_address).
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
+  try:
+    yield types.SimpleNamespace(spec=spec, ps=ps, target=chief.target,
+                                worker_targets=[chief.target] * 3)
+  finally:
+    silent.close()
+
+
+def _config():
+  # The chief's session must not wait for the lost tasks (README's filters).
+  return tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=support.OP_TIMEOUT_MS,
+      device_filters=["/job:ps", "/job:worker/task:0"])
+
+
+def _stall_lines(caplog):
+  return [r.getMessage() for r in caplog.records
+          if "no update for" in r.getMessage()]
+
+
+def test_stall_line_names_each_worker_that_cannot_push_and_why(
+    lost_cluster, caplog, tmp_path):
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  chief = support.LinearWorker(
+      support.OURS, lost_cluster, 0, replicas=3, total=3,
+      opt_kwargs={"stall_log_secs": STALL_LOG_SECS,
+                  "stall_timeout_secs": STALL_TIMEOUT_SECS})
+  chief.opt.write_sync_manifest(str(tmp_path))
+  status = []
+  stopped = []
+  try:
+    with chief.graph.as_default(), \
+        tf.compat.v1.train.MonitoredTrainingSession(
+            master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
+            config=_config(), stop_grace_period_secs=1,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None) as sess:
+      # Workers 1 and 2 each started once and recorded their address (their
+      # hook's record_task_address, whose table this writes), then were lost.
+      _record_addresses(lost_cluster.target, {
+          1: lost_cluster.spec["worker"][1], 2: lost_cluster.spec["worker"][2]})
+      # sync-replicas-status, run while the chief's step waits.
+      status.append(support.BoundedThread(
+          lambda: _status_once(tmp_path, lost_cluster.spec["ps"][0]),
+          name="status"))
+      status[0].start()
+      sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
+  except sync_replicas.SyncStallError as e:
+    stopped.append(str(e))
+  line = [x for x in _stall_lines(caplog) if "cannot push" in x][0]
+  spec = lost_cluster.spec
+  assert "the update lacks 2 gradient(s); 2 worker(s) cannot push" in line
+  assert ("worker key 1 (/job:worker/replica:0/task:1 at %s): its task "
+          % spec["worker"][1]) in line, line
+  assert "does not answer" in line.split("worker key 1")[1], line
+  assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s"
+          % (spec["worker"][2], _lost.REFUSED)) in line, line
+  assert "worker key 0" not in line  # The chief pushed; its task answers.
+  # The job's end names them too.
+  assert stopped and "cannot push" in stopped[0], stopped
+  # So does sync-replicas-status, from its own reads and probes.
+  text = status[0].finish(timeout=60)
+  assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s"
+          % (spec["worker"][2], _lost.REFUSED)) in text, text
+  assert "worker key 1 (/job:worker/replica:0/task:1 at " in text, text
+
+
+def _status_once(manifest_dir, ps):
+  """sync-replicas-status's output once it names a worker that cannot push
+  (the chief's push may land a moment after the tool starts)."""
+  from sync_replicas.cli import status as status_tool  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  support.wait_until(
+      lambda: status_tool.main(["--manifest", str(manifest_dir), "--ps", ps],
+                               out=out) == 0 and "cannot push" in
+      out.getvalue(), timeout=30, what="sync-replicas-status naming them")
+  return out.getvalue()
+
+
+def _record_addresses(target, addresses):
+  with tf.Graph().as_default() as graph, tf.compat.v1.device(
+      "/job:ps/task:0"):
+    table = tf.raw_ops.MutableHashTableV2(
+        shared_name="sync_replicas_local_steps_addresses",
+        use_node_name_sharing=False, key_dtype=tf.int64,
+        value_dtype=tf.string)
+    insert = tf.raw_ops.LookupTableInsertV2(
+        table_handle=table, keys=tf.constant(list(addresses), tf.int64),
+        values=tf.constant(list(addresses.values())))
+  with tf.compat.v1.Session(target, graph=graph, config=_config()) as sess:
+    sess.run(insert)
+
+
+@pytest.mark.parametrize("target,environ,want", [
+    ("grpc://localhost:2225", {}, "%s:2225" % socket.gethostname()),
+    (b"grpc://10.0.0.7:2225", {}, "10.0.0.7:2225"),
+    ("grpc://localhost:2225",
+     {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]}})},
+     "b:2"),
+    ("", {}, None),
+], ids=["localhost", "bytes", "tf-config", "in-process"])
+def test_a_worker_knows_its_task_address(target, environ, want):
+  assert _step_record.task_address(
+      target, "/job:worker/task:1", environ=environ) == want
+
+
+def test_probe_tells_refused_from_silent():
+  silent = socket.socket()
+  silent.bind(("127.0.0.1", 0))
+  silent.listen(1)
+  try:
+    assert _lost.probe_address(
+        "127.0.0.1:%d" % silent.getsockname()[1]) is None
+    refused = "127.0.0.1:%d" % sync_replicas.cluster.free_ports(1)[0]
+    assert _lost.probe_address(refused) == _lost.REFUSED
+    assert "does not resolve" in _lost.probe_address("no-such-host.invalid:1")
+  finally:
+    silent.close()
