@@ -7,9 +7,11 @@ path.
 """
 
 import collections
+import contextlib
 import os
 import random
 import socket
+import tempfile
 import threading
 
 LOOPBACK = "127.0.0.1"
@@ -99,3 +101,67 @@ def free_ports(count, *, rng=None):
         "or pass the cluster spec yourself" % (len(chosen), count, floor, low,
                                                LOOPBACK))
   return chosen
+
+
+#: Where ``reserve_free_port`` records, for every process of this machine,
+#: the ports it drew for a program that may not listen yet: one file per
+#: port, named after it, holding the pid that keeps it.
+RESERVED_DIR = os.path.join(tempfile.gettempdir(), "sync_replicas-ports")
+
+
+def reserve_free_port():
+  """A free port that no live process of this machine has reserved; it
+  stays reserved for this process until ``release_port`` or its exit.
+
+  Why: ``free_ports`` skips only what this process handed out. Separate
+  processes that each draw a port for a program that binds it seconds later
+  (sync-replicas-slurm's wrappers, one per task, two jobs on one node; the
+  program imports TensorFlow first) can draw the same one, and the second
+  server then fails to bind ("Could not start gRPC server", seen in CI). A
+  reservation left by a process that died is taken over.
+  """
+  os.makedirs(RESERVED_DIR, exist_ok=True)
+  with contextlib.suppress(OSError):
+    os.chmod(RESERVED_DIR, 0o1777)  # Any user's wrappers share it.
+  for _ in range(200):
+    port = free_ports(1)[0]
+    path = os.path.join(RESERVED_DIR, str(port))
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      if _holder_alive(path):
+        continue
+      with contextlib.suppress(OSError):
+        os.remove(path)  # Its holder died: free to take, next round.
+      continue
+    with os.fdopen(fd, "w") as f:
+      f.write("%d\n" % os.getpid())
+    return port
+  raise RuntimeError("found no port free and unreserved in %d draws; "
+                     "remove stale files from %s" % (200, RESERVED_DIR))
+
+
+def release_port(port):
+  """Ends this process's reservation of ``port`` (``reserve_free_port``)."""
+  path = os.path.join(RESERVED_DIR, str(port))
+  with contextlib.suppress(OSError, ValueError):
+    with open(path) as f:
+      if int(f.read().split()[0]) != os.getpid():
+        return
+    os.remove(path)
+
+
+def _holder_alive(path):
+  """Whether the process named in a reservation file still runs."""
+  try:
+    with open(path) as f:
+      pid = int(f.read().split()[0])
+  except (OSError, ValueError, IndexError):
+    return True  # Being written right now, or unreadable: leave it.
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True

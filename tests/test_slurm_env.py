@@ -4,11 +4,15 @@ the roles, and the meeting point of its tasks (in this process, on loopback).
 tests/test_slurm.py runs the whole command under a real Slurm.
 """
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
 
+from sync_replicas import _ports
 from sync_replicas.cli import _rendezvous
 from sync_replicas.cli import _slurm_env
 from sync_replicas.cli import slurm
@@ -235,3 +239,35 @@ def test_two_steps_on_one_node_meet_only_their_own_tasks(monkeypatch):
     other.close()
   finally:
     squatter.close()
+
+
+def test_a_port_reserved_by_a_live_wrapper_is_never_drawn_again(
+    tmp_path, monkeypatch):
+  # Two wrappers on one node each draw a port for a program that binds it
+  # seconds later: the second must not get the first's. The draws are
+  # forced (first 20001, then 20002, ...), the reservations are real files.
+  monkeypatch.setattr(_ports, "RESERVED_DIR", str(tmp_path))
+  draws = iter(range(20001, 20100))
+  monkeypatch.setattr(_ports, "free_ports", lambda count: [next(draws)])
+  other = subprocess.Popen([sys.executable, "-c", "import time; "
+                            "time.sleep(60)"])
+  try:
+    (tmp_path / "20001").write_text("%d\n" % other.pid)
+    dead = subprocess.run([sys.executable, "-c", "import os; "
+                           "print(os.getpid())"], capture_output=True,
+                          text=True, check=True, timeout=60)
+    (tmp_path / "20002").write_text(dead.stdout)
+    port = _ports.reserve_free_port()
+    # 20001's holder lives: skipped. 20002's died: its file is removed on
+    # that draw and the port is free for a later one; 20003 is taken now.
+    assert port == 20003
+    assert (tmp_path / "20003").read_text().split() == [str(os.getpid())]
+    assert not (tmp_path / "20002").exists()
+    assert (tmp_path / "20001").exists()
+    _ports.release_port(20001)  # Not ours: left alone.
+    assert (tmp_path / "20001").exists()
+    _ports.release_port(port)
+    assert not (tmp_path / "20003").exists()
+  finally:
+    other.kill()
+    other.wait(timeout=30)

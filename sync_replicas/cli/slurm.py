@@ -187,6 +187,7 @@ class Wrapper:
     self._service = None
     self._client = None
     self._task = None
+    self._port = None
     self._messages = queue.Queue()
 
   def say(self, fmt, *args):
@@ -215,10 +216,16 @@ class Wrapper:
         self._client.close()
       if self._service is not None:
         self._service.close()
+      if self._port is not None:
+        _ports.release_port(self._port)
 
   def _run(self):
     roles, step = self._roles, self._roles.step
-    address = "%s:%d" % (step.slots[self._slot].node, _ports.free_ports(1)[0])
+    # Reserved on this node until the wrapper exits: another task's
+    # wrapper (this step's or another job's) then cannot draw it too in
+    # the seconds before the program's server binds it.
+    self._port = _ports.reserve_free_port()
+    address = "%s:%d" % (step.slots[self._slot].node, self._port)
     if self._slot == 0:
       self._service = _rendezvous.Service(
           self._key, roles.count,
