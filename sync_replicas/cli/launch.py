@@ -135,13 +135,9 @@ def _parse(argv):
       args.ps + args.workers):
     parser.error("--port must leave room for %d ports below 65536, got %d"
                  % (args.ps + args.workers, args.port))
-  if args.hosts is not None:
-    problem = _hosts_problem(args)
-    if problem:
-      parser.error(problem)
-  elif args.link_rate is not None or args.place is not None:
-    parser.error("--link-rate and --place shape and place emulated hosts: "
-                 "give --hosts N too")
+  problem = _hosts_problem(args)
+  if problem:
+    parser.error(problem)
   return args
 
 
@@ -156,6 +152,11 @@ def _host_list(text):
 
 def _hosts_problem(args):
   """What is wrong with the --hosts arguments, or None."""
+  if args.hosts is None:
+    if args.link_rate is not None or args.place is not None:
+      return ("--link-rate and --place shape and place emulated hosts: "
+              "give --hosts N too")
+    return None
   tasks = args.ps + args.workers
   if not 1 <= args.hosts <= 250:
     return "--hosts must be in [1, 250], got %d" % args.hosts
