@@ -136,8 +136,10 @@ class LocalStepRecord:
   def record_address(self, session, *, environ=None):
     """Records this worker's task address under its key; the hook calls it
     at each session's start. Best effort: a failure is logged at debug."""
-    address = task_address(session.sess_str, self._device_of_worker,
-                           environ=environ)
+    # A session-like object without a target (a user's wrapper, a test's
+    # recorder) still gets TF_CONFIG's address, or none.
+    address = task_address(getattr(session, "sess_str", None),
+                           self._device_of_worker, environ=environ)
     if address is None or self._address_insert is None:
       return
     try:
