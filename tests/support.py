@@ -8,10 +8,12 @@ import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -431,6 +433,17 @@ def kill_group(proc, timeout=30):
     except ProcessLookupError:
       pass
   proc.wait(timeout=timeout)
+
+
+def start_crash_task_ps(cluster, env):
+  """ps task 0 of ``cluster`` as tests/crash_task.py, a process group of its
+  own (``kill_group`` stops it); call it again to restart that ps."""
+  spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
+  return subprocess.Popen(
+      [sys.executable, str(pathlib.Path(__file__).with_name("crash_task.py")),
+       spec],
+      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+      start_new_session=True)
 
 
 class SharedCluster:

@@ -8,7 +8,6 @@ wait is bounded and every process group is killed in a finally block.
 """
 
 import importlib.metadata
-import json
 import os
 import pathlib
 import re
@@ -325,14 +324,10 @@ def test_wait_for_chief_survives_a_ps_restart(tmp_path, monkeypatch):
   ports = cluster_lib.free_ports(2)
   cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
              "worker": ["127.0.0.1:%d" % ports[1]]}
-  spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
   env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT))
 
   def start_ps():
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "crash_task.py"), spec],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    return support.start_crash_task_ps(cluster, env)
 
   ps = start_ps()
   try:

@@ -7,7 +7,6 @@ trained. The wait kept the session of a poll that failed with
 UnavailableError; that session's channels to the ps back off for minutes.
 """
 
-import json
 import os
 import pathlib
 import subprocess
@@ -40,14 +39,10 @@ def test_wait_ends_soon_after_a_ps_that_was_down_is_back(tmp_path,
   ports = cluster_lib.free_ports(2)
   cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
              "worker": ["127.0.0.1:%d" % ports[1]]}
-  spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
   env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT))
 
   def start_ps():
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "crash_task.py"), spec],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        start_new_session=True)
+    return support.start_crash_task_ps(cluster, env)
 
   ps = start_ps()
   try:
