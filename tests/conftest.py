@@ -6,6 +6,7 @@ import logging
 import os
 import pathlib
 import re
+import resource
 import shutil
 import threading
 
@@ -29,6 +30,17 @@ QUOTED_LINES, QUOTED_LOGS = 12, 8
 #: file's peak threads are written there as JSON (tools/_run_tests.py
 #: records them with the files' times after a green run).
 THREADS_OUT_ENV = "SYNC_REPLICAS_FILE_THREADS_OUT"
+#: .ci/run sets it to 1 for its older TensorFlow's suite: the tests marked
+#: ``version_independent`` are skipped there, having run under the newest
+#: (docs/testing.md says which and why). tools/_run_tests.py reads the
+#: same name.
+SKIP_VERSION_INDEPENDENT_ENV = "SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT"
+#: tools/test sets it to a path: at the end of the session each test's
+#: CPU seconds (this process's and its reaped children's, setup to
+#: teardown) are written there as JSON, test id -> seconds. Wall time
+#: alone misleads on a shared machine: other programs' load stretches it,
+#: while the CPU a test spends is what it costs the suite.
+CPU_OUT_ENV = "SYNC_REPLICAS_TEST_CPU_OUT"
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _RUN_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(
     os.getpid())
@@ -50,6 +62,12 @@ def pytest_configure(config):
       "fresh venv under the temporary directory (tests/test_wheel.py, about "
       "a minute on 2 cores, most of it the TensorFlow imports of a demo "
       "cluster; a few MB of disk)")
+  config.addinivalue_line(
+      "markers", "version_independent: what it proves runs no TensorFlow "
+      "code of its own (the launcher, the Slurm wrapper, the emulated "
+      "hosts, the tools' bookkeeping) and the TensorFlow its tasks run is "
+      "tested under every version elsewhere: CI runs it under the newest "
+      "TensorFlow only (SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT=1 skips it)")
   # A thread that dies with an exception fails the test (but stock's
   # runner's expected death, _expect_stocks_cancelled_runner_threads).
   config.addinivalue_line(
@@ -180,7 +198,23 @@ _threads_now = support.load_tool("_proc.py").threads
 
 #: file name -> [threads when its first test began, peak after any test].
 _FILE_THREADS = {}
+#: test id -> CPU seconds (CPU_OUT_ENV).
+_TEST_CPU = {}
 _SESSION_THREADS = []
+
+
+def pytest_collection_modifyitems(config, items):
+  """Skips the version-independent tests where .ci/run says so."""
+  del config
+  if os.environ.get(SKIP_VERSION_INDEPENDENT_ENV) != "1":
+    return
+  skip = pytest.mark.skip(reason=(
+      "version-independent: CI runs it under its newest TensorFlow only "
+      "(%s=1 here, TensorFlow %s; docs/testing.md)"
+      % (SKIP_VERSION_INDEPENDENT_ENV, tf.__version__)))
+  for item in items:
+    if item.get_closest_marker("version_independent") is not None:
+      item.add_marker(skip)
 
 
 def pytest_sessionstart(session):
@@ -221,12 +255,27 @@ def pytest_runtest_protocol(item, nextitem):
   ends, so the files sharing a process add up (tools/_run_tests.py)."""
   del nextitem
   seen = _FILE_THREADS.setdefault(item.path.name, [_threads_now(), 0])
+  cpu = _cpu_secs()
   yield
   seen[1] = max(seen[1], _threads_now())
+  _TEST_CPU[item.nodeid] = round(_cpu_secs() - cpu, 2)
+
+
+def _cpu_secs():
+  """CPU seconds of this process and of the children it has reaped: a
+  process a test starts and waits for counts, grandchildren only if their
+  parent waited for them (Slurm's tasks are Slurm's children: not counted)."""
+  return sum(u.ru_utime + u.ru_stime for u in (
+      resource.getrusage(resource.RUSAGE_SELF),
+      resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def pytest_sessionfinish(session):
   del session
+  cpu_out = os.environ.get(CPU_OUT_ENV)
+  if cpu_out:
+    with open(cpu_out, "w") as f:
+      json.dump(_TEST_CPU, f)
   out = os.environ.get(THREADS_OUT_ENV)
   if not out or not _SESSION_THREADS:
     return

@@ -32,6 +32,11 @@ import pytest
 import support
 from sync_replicas.cli import launch
 
+# Version-independent (tests/conftest.py): the launcher's confinement imports
+# no TensorFlow, and the programs its tasks run are tested under every
+# TensorFlow elsewhere: CI runs this file under its newest only.
+pytestmark = pytest.mark.version_independent
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "tools" / "launch"
 

@@ -18,6 +18,11 @@ import pytest
 import support
 import sync_replicas
 
+# Version-independent (tests/conftest.py): the launcher imports no
+# TensorFlow and these tasks are tiny Python programs: CI runs this file
+# under its newest TensorFlow only.
+pytestmark = pytest.mark.version_independent
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The launcher as ``python -m`` runs it (tools/launch is a wrapper of it;
 #: tests/test_confine.py runs that one).

@@ -42,7 +42,11 @@ JOB_SECS = 240
 #: (10 s, tools/slurm).
 STOP_SECS = 60
 
-pytestmark = pytest.mark.timeout(2 * JOB_SECS + 120)
+# Version-independent (tests/conftest.py): the Slurm wrapper and the
+# launcher import no TensorFlow, and the programs their tasks run are tested
+# under every TensorFlow elsewhere: CI runs this file under its newest only.
+pytestmark = [pytest.mark.timeout(2 * JOB_SECS + 120),
+              pytest.mark.version_independent]
 
 
 class Slurm:

@@ -17,7 +17,10 @@ from sync_replicas.cli import _rendezvous
 from sync_replicas.cli import _slurm_env
 from sync_replicas.cli import slurm
 
-pytestmark = pytest.mark.quick
+# Version-independent (tests/conftest.py): the Slurm wrapper's environment
+# and meeting point import no TensorFlow: CI runs this file under its newest
+# TensorFlow only.
+pytestmark = [pytest.mark.quick, pytest.mark.version_independent]
 
 Slot = _slurm_env.Slot
 

@@ -28,7 +28,10 @@ import support
 sys.path.insert(0, str(support.TOOLS))
 import _run_tests  # pylint: disable=g-import-not-at-top
 
-pytestmark = pytest.mark.quick
+# Version-independent (tests/conftest.py): the scheduler, tools/_env.sh and
+# tools/knockout run no TensorFlow: CI runs this file under its newest
+# TensorFlow only.
+pytestmark = [pytest.mark.quick, pytest.mark.version_independent]
 
 
 @pytest.fixture
@@ -110,6 +113,62 @@ def test_quick_is_read_from_the_files_marker(tmp_path):
   slow.write_text("import pytest\n# pytestmark = pytest.mark.quick\n")
   assert _run_tests.is_quick(quick)
   assert not _run_tests.is_quick(slow)
+
+
+def test_version_independent_is_read_from_a_multi_line_marker(tmp_path):
+  marked, partly, plain = _files(tmp_path, ["test_m.py", "test_p.py",
+                                            "test_n.py"])
+  marked.write_text("import pytest\npytestmark = [\n    pytest.mark.timeout("
+                    "60),\n    pytest.mark.version_independent]\n\n\n"
+                    "def test_x():\n  pytest.mark.quick\n")
+  partly.write_text("import pytest\n\n\n@pytest.mark.version_independent"
+                    "\ndef test_x():\n  pass\n")
+  assert _run_tests.module_marks(marked) == {"timeout", "version_independent"}
+  assert _run_tests.is_version_independent(marked)
+  assert not _run_tests.is_version_independent(partly)
+  assert not _run_tests.module_marks(plain)
+
+  class Args:
+    quick = False
+    jobs = 4
+
+  def scheduled(monkeypatch_env):
+    original = _run_tests.TESTS
+    try:
+      _run_tests.TESTS = tmp_path
+      with pytest.MonkeyPatch.context() as mp:
+        for name, value in monkeypatch_env.items():
+          mp.setenv(name, value)
+        jobs = _run_tests.make_jobs(Args, [], tmp_path)
+    finally:
+      _run_tests.TESTS = original
+    return sorted(f.name for j in jobs for f in j.files)
+
+  # Only where .ci/run says so is a wholly marked file left out; a file
+  # that marks some tests runs, and its marked tests skip (conftest.py).
+  env = _run_tests.SKIP_VERSION_INDEPENDENT_ENV
+  assert scheduled({}) == ["test_m.py", "test_n.py", "test_p.py"]
+  assert scheduled({env: "1"}) == ["test_n.py", "test_p.py"]
+
+
+def test_marked_tests_skip_where_told_and_each_tests_cpu_is_written(
+    tmp_path):
+  # A real pytest process with tests/conftest.py, as tools/test starts it:
+  # the marked test is skipped, saying why, and its CPU is recorded.
+  cpu_out = tmp_path / "cpu.json"
+  test = ("tests/test_launcher.py::"
+          "test_tf_config_names_chief_workers_and_ps_on_loopback")
+  env = _run_tests.hiding_env(os.environ)
+  env.update({_run_tests.SKIP_VERSION_INDEPENDENT_ENV: "1",
+              _run_tests.CPU_OUT_ENV: str(cpu_out)})
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+       test], cwd=support.TOOLS.parent, env=env, capture_output=True,
+      text=True, timeout=120, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "1 skipped" in proc.stdout, proc.stdout
+  assert "version-independent: CI runs it under its newest" in proc.stdout
+  assert list(json.loads(cpu_out.read_text())) == [test]
 
 
 def test_per_file_adds_up_each_files_tests_classes_included():
@@ -506,6 +565,21 @@ def test_only_a_green_run_of_whole_files_is_recorded(tmp_path, args, rc):
                       rc=rc, peak=900, threads={"test_a.py": 850})
   assert _run_tests.record_measured([job], args, path=record) == 0
   assert not record.exists()
+
+
+def test_a_failed_process_keeps_its_files_earlier_figures(tmp_path):
+  # A green process measured its files whole; a failed one's are not
+  # recorded (a test that failed early makes its file look short).
+  record = tmp_path / "venv.json"
+  green = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [2, 3]},
+                        peak=900, threads={"test_a.py": 850})
+  green.cpu_out.write_text(json.dumps({"tests/test_a.py::t0": 1.5,
+                                       "tests/test_a.py::t1": 2.0}))
+  failed = _finished_job(tmp_path, "tests/test_b.py", {"test_b.py": [1]},
+                         rc=1, peak=700, threads={"test_b.py": 690})
+  assert _run_tests.record_measured([green, failed], [], path=record) == 1
+  assert _run_tests.load_measured(record) == {"test_a.py": (5.0, 900)}
+  assert json.loads(record.read_text())["files"]["test_a.py"]["cpu"] == 3.5
 
 
 def test_every_knockout_patch_still_applies(capsys):

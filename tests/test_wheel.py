@@ -36,7 +36,11 @@ import pytest
 
 import support
 
-pytestmark = pytest.mark.wheel
+# Version-independent (tests/conftest.py): the wheel is pure Python, its
+# console scripts' launcher imports no TensorFlow, and the demo its cluster
+# runs is tested under every TensorFlow (test_examples): CI runs this file
+# under its newest TensorFlow only.
+pytestmark = [pytest.mark.wheel, pytest.mark.version_independent]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Console scripts and their modules.

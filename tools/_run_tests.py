@@ -73,6 +73,8 @@ FAILED_DIR_ENV = "SYNC_REPLICAS_FAILED_TESTS_DIR"
 FAILED_TESTS = ROOT / "runs" / "failed-tests"
 #: tests/conftest.py writes each file's peak threads to this path (JSON).
 THREADS_OUT_ENV = "SYNC_REPLICAS_FILE_THREADS_OUT"
+#: tests/conftest.py writes each test's CPU seconds to this path (JSON).
+CPU_OUT_ENV = "SYNC_REPLICAS_TEST_CPU_OUT"
 
 # The scheduler needs no TensorFlow: the ports module is loaded by its path.
 _PORTS = _by_path.ports()
@@ -99,13 +101,31 @@ THREAD_BUDGET = 12_000
 #: A process still running after this is killed and counted as failed
 #: (pytest-timeout bounds each test; this bounds a stuck interpreter).
 PROCESS_TIMEOUT_SECS = 1_500
-_QUICK = re.compile(r"^pytestmark\s*=.*\bpytest\.mark\.quick\b", re.M)
+#: A module's ``pytestmark = ...`` statement, its continuation lines too.
+_PYTESTMARK = re.compile(r"^pytestmark\s*=.*(?:\n[ \t)\]].*)*", re.M)
+#: .ci/run sets it to 1 for its older TensorFlow: the tests marked
+#: ``version_independent`` skip (tests/conftest.py), and a file marked so
+#: as a whole is not started at all, which saves its process's import.
+SKIP_VERSION_INDEPENDENT_ENV = "SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT"
 _POLL_SECS = 0.2
+
+
+def module_marks(path):
+  """The names of the marks a test file sets on all its tests, from its
+  ``pytestmark`` statement (read, not imported: no TensorFlow here)."""
+  found = _PYTESTMARK.search(path.read_text())
+  return (set(re.findall(r"\bpytest\.mark\.(\w+)", found.group(0)))
+          if found else set())
 
 
 def is_quick(path):
   """Whether the file marks all its tests ``quick`` (the inner loop's)."""
-  return bool(_QUICK.search(path.read_text()))
+  return "quick" in module_marks(path)
+
+
+def is_version_independent(path):
+  """Whether the file marks all its tests ``version_independent``."""
+  return "version_independent" in module_marks(path)
 
 
 class Job:
@@ -118,6 +138,7 @@ class Job:
     self.files = files
     self.xml = tmp / (name.replace("/", "_") + ".xml")
     self.threads_out = tmp / (name.replace("/", "_") + ".threads.json")
+    self.cpu_out = tmp / (name.replace("/", "_") + ".cpu.json")
     self.log = tmp / (name.replace("/", "_") + ".log")
     # A file that fails to import fails its process (exit 1) but does not
     # keep the files it shares the process with from running: without the
@@ -153,6 +174,7 @@ class Job:
     if self.kept is not None:
       env[FAILED_DIR_ENV] = str(self.kept)
     env[THREADS_OUT_ENV] = str(self.threads_out)
+    env[CPU_OUT_ENV] = str(self.cpu_out)
     if self.ports is not None:
       env[PORT_RANGE_ENV] = "%d-%d" % self.ports
     return env
@@ -196,6 +218,14 @@ class Job:
   @property
   def secs(self):
     return self.end - self.start
+
+  def test_cpu(self):
+    """Test id -> CPU seconds (tests/conftest.py's record; {} if none)."""
+    try:
+      return {k: float(v) for k, v in
+              json.loads(self.cpu_out.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+      return {}
 
   def test_times(self):
     """(seconds, test id) of every test case in this job's JUnit XML."""
@@ -283,6 +313,10 @@ def measurements(done):
   """
   found = {}
   for job in done:
+    # Skipped tests (a version-independent file's, CI's older TensorFlow)
+    # would record a file as costing nothing.
+    if os.environ.get(SKIP_VERSION_INDEPENDENT_ENV) == "1":
+      continue
     try:
       threads = json.loads(job.threads_out.read_text())
     except (OSError, ValueError):
@@ -297,16 +331,20 @@ def measurements(done):
 
 
 def record_measured(done, pytest_args, path=None):
-  """After a green run of whole files, stores what it measured.
+  """After a run of whole files, stores what its green processes measured.
 
-  Files this run did not measure keep their earlier figures. Returns the
-  number of files recorded (0: the run was not green, or selected tests).
+  Files this run did not measure, or measured in a process that failed,
+  keep their earlier figures: on a loaded machine a run seldom has no
+  failure at all, and a green process measured its files whole. Each file's
+  CPU seconds are stored beside its time (tests/conftest.py's record; the
+  schedule does not read them). Returns the number of files recorded (0:
+  no process was green, or the run selected tests).
   """
   path = measured_path() if path is None else path
-  if (not done or any(j.rc not in (0, 5) for j in done)
-      or any(a.split("=")[0] in SELECTING for a in pytest_args)):
+  if any(a.split("=")[0] in SELECTING for a in pytest_args):
     return 0
-  found = measurements(done)
+  green = [j for j in done if j.rc in (0, 5)]
+  found = measurements(green)
   if not found:
     return 0
   try:
@@ -315,7 +353,10 @@ def record_measured(done, pytest_args, path=None):
     record = {}
   files = record.get("files", {})
   now = datetime.datetime.now().isoformat(timespec="seconds")
-  files.update({name: {"secs": secs, "threads": threads, "recorded": now}
+  cpu = file_cpu(green)
+  files.update({name: dict({"secs": secs, "threads": threads,
+                            "recorded": now},
+                           **({"cpu": cpu[name]} if name in cpu else {}))
                 for name, (secs, threads) in found.items()})
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
@@ -358,6 +399,13 @@ def make_jobs(args, pytest_args, tmp, kept=None):
   files = sorted(TESTS.glob("test_*.py"))
   if args.quick:
     files = [f for f in files if is_quick(f)]
+  if os.environ.get(SKIP_VERSION_INDEPENDENT_ENV) == "1":
+    skipped = [f for f in files if is_version_independent(f)]
+    if skipped:
+      print("tools/test: %s=1: not run, version-independent as a whole: %s"
+            % (SKIP_VERSION_INDEPENDENT_ENV,
+               ", ".join(f.name for f in skipped)))
+    files = [f for f in files if f not in skipped]
   jobs = []
   # The quick files are short: two processes (one per core here) cost two
   # imports, not four.
@@ -458,18 +506,38 @@ def summary(done, not_run, wall, busy=None, kept=None):
     print("Files, slowest first (their tests' time in pytest, and how many; "
           "the seconds expected: m, measured in the last green run; e, "
           "EXPECTED's):")
+    cpu = {}
+    for job in done:
+      cpu.update(job.test_cpu())
+    cpu_of = file_cpu(done)
     for secs, count, name in per_file(tests):
       if name in MEASURED:
         was = "%.0f s m" % MEASURED[name][0]
       else:
         was = "%s s e" % EXPECTED.get(name, ("none",))[0]
-      print("  %-36s %6.1f s  %4d tests  (expected %s)"
-            % (name, secs, count, was))
+      print("  %-36s %6.1f s  %4d tests  CPU %6.1f s  (expected %s)"
+            % (name, secs, count, cpu_of.get(name, 0.0), was))
     print("Slowest tests (setup + call + teardown):")
     for secs, name in tests[:15]:
       print("  %6.1f s  %s" % (secs, name))
+    if cpu:
+      print("Costliest tests in CPU (the pytest process and the children "
+            "it reaped, setup to teardown):")
+      for test_id, secs in sorted(cpu.items(), key=lambda kv: -kv[1])[:15]:
+        print("  %6.1f s  %s" % (secs, test_id))
   for line in kept_report(kept):
     print(line)
+
+
+def file_cpu(done):
+  """File name -> its tests' CPU seconds, added up, in these jobs."""
+  tests = []
+  for job in done:
+    # Test ids are paths ("tests/test_x.py::test_y"); per_file reads JUnit's
+    # dotted module names.
+    tests += [(secs, test_id.replace("/", ".").replace(".py::", "::"))
+              for test_id, secs in job.test_cpu().items()]
+  return {name: round(secs, 1) for secs, _, name in per_file(tests)}
 
 
 def per_file(tests):
