@@ -17,9 +17,10 @@ exit, the global step at its exit, or that it hung.
 * ours' ``"stock"`` policy and stock's class, side by side, in lockstep
   (no init tokens, so that the outcome is always the same): stock's hang
   when a non-chief ends first, reported by the harness as a hang (no batch
-  for IDLE_SECS while a replica with data left runs) that names who hung,
-  after which every process is gone; and the chief ending first closes the
-  token queue, which ends the others with their batches unread.
+  or exit for HANG_IDLE_SECS while a replica with data left runs) that
+  names who hung, after which every process is gone; and the chief ending
+  first closes the token queue, which ends the others with their batches
+  unread.
 
 Whatever a run found, the harness stopped every process it started.
 
@@ -50,6 +51,17 @@ GRACE_SECS = support.STOCK_GRACE_SECS
 #: hang. A step takes milliseconds, a first step a few seconds on a loaded
 #: machine; a hung replica waits for a token for good.
 IDLE_SECS = 20
+#: The idle bound of the stock-hang cases. tools/data_end counts it from the
+#: last batch or exit, so it starts once the replica whose shard ended has
+#: gone: in lockstep the others then wait for a gradient that no live
+#: replica will send, a state that cannot change by itself, and the bound
+#: only has to outlast what would change it were there no hang: ours'
+#: chief looks for ended replicas every 0.2 s and a step takes milliseconds
+#: (a policy that went on training would train a batch within the bound and
+#: break the test's count). Before the first batch, and while a replica
+#: closes, the harness waits at least its SLOW_SECS. It was IDLE_SECS, 20 s
+#: of waiting per case.
+HANG_IDLE_SECS = 5
 #: The harness stops everything this long after training started.
 DEADLINE_SECS = 200
 #: Starting four TensorFlow processes on a loaded machine, the deadline,
@@ -85,10 +97,10 @@ DRIVERS = [
 
 
 def run(tmp_path, *, impl, shards=None, seed=None, driver="mts",
-        policy=None, init_tokens=-1, grace=GRACE_SECS):
+        policy=None, init_tokens=-1, grace=GRACE_SECS, idle=IDLE_SECS):
   """One cluster through tools/data_end; returns its summary."""
   argv = ["--impl", impl, "--driver", driver, "--grace", str(grace),
-          "--idle", str(IDLE_SECS), "--deadline", str(DEADLINE_SECS),
+          "--idle", str(idle), "--deadline", str(DEADLINE_SECS),
           "--init-tokens", str(init_tokens)]
   if seed is None:
     argv += ["--shards", ",".join(map(str, shards))]
@@ -181,7 +193,7 @@ def test_stop_together_ends_every_replica_at_one_global_step(
 def test_stock_hangs_when_a_non_chief_ends_first(tmp_path, driver, impl,
                                                  policy):
   summary = run(tmp_path, impl=impl, policy=policy, shards=NON_CHIEF_FIRST,
-                driver=driver, init_tokens=0)
+                driver=driver, init_tokens=0, idle=HANG_IDLE_SECS)
   # Lockstep: each update took one batch of each replica, until replica 1's
   # shard ended; then the other two pushed once more and wait for a third
   # gradient, and the token it would bring, for good.
