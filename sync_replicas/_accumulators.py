@@ -97,7 +97,7 @@ def check_sparse_reduction(grads_and_vars, reduction):
 
 def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
           sparse_reduction=_checks.ROW_MEAN, arrive=lambda grad: grad,
-          wire=_transfer.UNCOMPRESSED):
+          wire=_transfer.UNCOMPRESSED, gate=()):
   """Creates the accumulator for one (gradient, variable) pair.
 
   Must be called inside the variable's device scope and the optimizer's name
@@ -119,6 +119,8 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
     wire: The ``_transfer`` unit: what the push receives crosses encoded
       beside the gradient and is decoded here, before ``arrive``; the
       accumulator keeps ``grad``'s dtype.
+    gate: Control inputs of the push (``_routes``: every gradient of the
+      run computed, with a ``data_end`` policy).
 
   Returns:
     An ``AccumulatorOps``; ``take`` has the same kind as ``grad``.
@@ -127,23 +129,25 @@ def build(grad, var, *, local_step, replicas_to_aggregate, prefix="",
     accum = tf.compat.v1.ConditionalAccumulator(
         grad.dtype, shape=var.get_shape(),
         shared_name=shared_name(var, prefix))
-    push = accum.apply_grad(arrive(_cross(wire, grad, var.get_shape())),
-                            local_step=local_step)
+    with tf.control_dependencies(gate):
+      push = accum.apply_grad(arrive(_cross(wire, grad, var.get_shape())),
+                              local_step=local_step)
     take = accum.take_grad(replicas_to_aggregate)
   elif sparse_reduction == _checks.ROW_MEAN:
     # Sparse accumulators learn the row shape from the first gradient, which
     # is why stock passes shape=() here.
     accum = tf.compat.v1.SparseConditionalAccumulator(
         grad.dtype, shape=(), shared_name=shared_name(var, prefix))
-    push = accum.apply_indexed_slices_grad(
-        arrive(_cross(wire, grad, var.get_shape())), local_step=local_step)
+    with tf.control_dependencies(gate):
+      push = accum.apply_indexed_slices_grad(
+          arrive(_cross(wire, grad, var.get_shape())), local_step=local_step)
     take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   else:
     return _build_sparse_sum(
         grad, var, local_step=local_step,
         replicas_to_aggregate=replicas_to_aggregate, prefix=prefix,
         count_rows=sparse_reduction == REPLICA_MEAN, arrive=arrive,
-        wire=wire)
+        wire=wire, gate=gate)
   return AccumulatorOps(accum, var.device, push, take, var.op.name,
                         shared_name(var, prefix), var.shape,
                         not _compat.is_dense_gradient(grad))
@@ -155,7 +159,7 @@ def _cross(wire, grad, shape):
 
 
 def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
-                      count_rows, arrive, wire):
+                      count_rows, arrive, wire, gate):
   """A SUM accumulator for ``"sum"``, or for ``"replica_mean"`` if counting.
 
   Counting appends a row of ones at index ``rows`` to every push. The take
@@ -180,8 +184,9 @@ def _build_sparse_sum(grad, var, *, local_step, replicas_to_aggregate, prefix,
     with tf.compat.v1.name_scope("replica_mean"):
       grad = _append_count_row(grad, rows, var)
   # After the count row: it crosses with the rows (ones are exact in 16 bits).
-  push = accum.apply_indexed_slices_grad(arrive(_cross(wire, grad, shape)),
-                                         local_step=local_step)
+  with tf.control_dependencies(gate):
+    push = accum.apply_indexed_slices_grad(
+        arrive(_cross(wire, grad, shape)), local_step=local_step)
   take = accum.take_indexed_slices_grad(replicas_to_aggregate)
   if count_rows:
     with tf.compat.v1.name_scope("replica_mean"):

@@ -51,7 +51,8 @@ def shared_name(name, group):
 
 
 def build(group, *, name, local_step, replicas_to_aggregate,
-          arrive=lambda packed: packed, wire=_transfer.UNCOMPRESSED):
+          arrive=lambda packed: packed, wire=_transfer.UNCOMPRESSED,
+          gate=()):
   """Builds one fused accumulator for ``group``.
 
   The concatenation is built in the caller's device scope (the worker), so
@@ -60,6 +61,7 @@ def build(group, *, name, local_step, replicas_to_aggregate,
   there after their pre-push read: ``_stats.Statistics.order_gradient``).
   ``wire`` (the ``_transfer`` unit) encodes the concatenation on the worker
   and decodes it on the ps: the accumulator stays of ``group.dtype``.
+  ``gate`` holds the push's control inputs (``_routes``).
 
   Returns:
     ``(entry, averaged)``: an ``_accumulators.AccumulatorOps`` and the
@@ -75,7 +77,8 @@ def build(group, *, name, local_step, replicas_to_aggregate,
           group.dtype, shape=[sum(sizes)],
           shared_name=shared_name(name, group))
       received = wire.decode(sent, packed.dtype, packed.shape)
-      push = accum.apply_grad(arrive(received), local_step=local_step)
+      with tf.control_dependencies(gate):
+        push = accum.apply_grad(arrive(received), local_step=local_step)
       take = accum.take_grad(replicas_to_aggregate)
       averaged = _packing.split_to_shapes(
           take, [var.shape for _, var in group.pairs],

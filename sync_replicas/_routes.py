@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from sync_replicas import _accumulators
 from sync_replicas import _compat
+from sync_replicas import _data_end
 from sync_replicas import _fused
 from sync_replicas import _packing
 from sync_replicas import _transfer
@@ -31,17 +32,17 @@ Routes = collections.namedtuple("Routes",
 class NoFusion:
   """Stock's route: every variable keeps its own accumulator."""
 
-  def route(self, grads_and_vars, *, stats, name, local_step, num_required,
-            wire):
-    del grads_and_vars, stats, name, local_step, num_required, wire
+  def route(self, grads_and_vars, *, arrive, gate, name, local_step,
+            num_required, wire):
+    del grads_and_vars, arrive, gate, name, local_step, num_required, wire
     return {}, Routes([], [], [])
 
 
 class FusedAccumulators:
   """``fuse_dense_gradients``: one accumulator per ps task and dtype."""
 
-  def route(self, grads_and_vars, *, stats, name, local_step, num_required,
-            wire):
+  def route(self, grads_and_vars, *, arrive, gate, name, local_step,
+            num_required, wire):
     """Builds the fused accumulators.
 
     Returns:
@@ -54,7 +55,7 @@ class FusedAccumulators:
     for group in _fused.group_by_task(fusable):
       entry, grads = _fused.build(group, name=name, local_step=local_step,
                                   replicas_to_aggregate=num_required,
-                                  arrive=stats.order_gradient, wire=wire)
+                                  arrive=arrive, gate=gate, wire=wire)
       pushes.append(entry.push)
       entries.append(entry)
       for (_, var), grad in zip(group.pairs, grads, strict=True):
@@ -110,6 +111,36 @@ def _prepare(grads_and_vars, fused, *, combine_sparse_duplicates):
   return prepared
 
 
+def _push_gate(grads_and_vars, *, options, scope):
+  """The control inputs of every push: none, or with a ``data_end`` policy
+  one group of every gradient of the run, so that no push runs before
+  they are all computed.
+
+  A worker's run whose input ended raises before it pushes anything.
+  Without the gate a gradient that does not depend on the input (a
+  regularizer's, a bias with no data path) is still pushed, into its own
+  accumulator alone; the chief's loop, which counts one accumulator, may
+  then release an update whose take completes on that variable and waits
+  forever on another (the hang at 16 workers and 2 ps: docs/data_end.md).
+  One group on the worker, in our scope, and one control edge per push: no
+  stock op gains or loses an input.
+  """
+  if options.data_end == _data_end.STOCK:
+    return []
+  tensors = []
+  for grad, _ in grads_and_vars:
+    if grad is None:
+      continue
+    if isinstance(grad, tf.IndexedSlices):
+      tensors.extend([grad.values, grad.indices])
+    else:
+      tensors.append(grad)
+  if not tensors:
+    return []
+  with tf.compat.v1.name_scope(scope):
+    return [tf.group(*tensors, name="gradients_computed")]
+
+
 def build(grads_and_vars, *, options, stats, name, prefix, scope,
           local_step, num_required, wire):
   """Routes every gradient to an accumulator; returns the ``Routes``.
@@ -117,15 +148,17 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
   Call in the worker's device scope, under the optimizer's name scope.
   ``wire`` (``_transfer``) is how float32 gradients cross, on every route.
   """
+  gate = _push_gate(grads_and_vars, options=options, scope=scope)
+  arrive = stats.order_gradient
   fused, routes = fusion(options).route(
-      grads_and_vars, stats=stats, name=name, local_step=local_step,
-      num_required=num_required, wire=wire)
+      grads_and_vars, arrive=arrive, gate=gate, name=name,
+      local_step=local_step, num_required=num_required, wire=wire)
   prepared = _prepare(grads_and_vars, fused,
                       combine_sparse_duplicates=(
                           options.combine_sparse_duplicates))
   variables = [var for _, var in grads_and_vars]
   routed = transfers(options).route(prepared, variables, scope=scope,
-                                    arrive=stats.order_gradient, wire=wire)
+                                    arrive=arrive, wire=wire)
   for var, grad, on_ps in zip(variables, prepared, routed, strict=True):
     if id(var) in fused:
       routes.aggregated.append((fused[id(var)], var))
@@ -141,9 +174,9 @@ def build(grads_and_vars, *, options, stats, name, prefix, scope,
           on_ps if on_ps is not None else grad, var, local_step=local_step,
           replicas_to_aggregate=num_required, prefix=prefix,
           sparse_reduction=options.sparse_reduction,
-          arrive=(stats.order_gradient if on_ps is None
-                  else lambda part: part),
-          wire=wire if on_ps is None else _transfer.UNCOMPRESSED)
+          arrive=(arrive if on_ps is None else lambda part: part),
+          wire=wire if on_ps is None else _transfer.UNCOMPRESSED,
+          gate=gate)
     routes.pushes.append(entry.push)
     routes.aggregated.append((entry.take, var))
     routes.accumulators.append(entry)

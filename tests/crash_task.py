@@ -66,14 +66,21 @@ class _Relabel(tf.compat.v1.train.SessionRunHook):
     session.run(self._relabel)
 
 
-def _wait_while_held(path, timeout=HOLD_TIMEOUT_SECS):
+def _wait_while_held(spec, state, timeout=HOLD_TIMEOUT_SECS):
   """Pauses between steps while the test holds this task (``hold_file``).
 
   The test holds the tasks that keep training while it restarts another, so
   that how long a restart takes never decides whether training ends first.
+  Once paused it says so (``held``, with the batches trained), so that the
+  test knows when no run of this task is in flight.
   """
+  path = spec.get("hold_file")
   deadline = time.monotonic() + timeout
+  said = False
   while path and os.path.exists(path):
+    if not said:
+      _emit(spec["out"], event="held", runs=state["runs"])
+      said = True
     if time.monotonic() > deadline:
       raise RuntimeError("still held by %s after %d s" % (path, timeout))
     time.sleep(0.05)
@@ -85,7 +92,7 @@ def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
   with tf.compat.v1.train.MonitoredTrainingSession(**session_kwargs) as sess:
     _emit(spec["out"], event="ready")
     while not sess.should_stop():
-      _wait_while_held(spec.get("hold_file"))
+      _wait_while_held(spec, state)
       # Random delays shuffle who arrives last, so that with backups no
       # worker is dropped every time.
       time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))

@@ -571,3 +571,72 @@ def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
       chief.finish(timeout=30)
     for sess in reversed(sessions[:2]):
       sess.close()
+
+
+class _TwoPsWorker:
+  """A worker whose first gradient does not depend on its input: ``trained``
+  (on ps 1, summed, rate -1: each applied gradient adds 1 to its worker's
+  cell) gets a constant, ``w`` (on ps 0, with the global step) one of the
+  batch. A run whose input ended computes the first and not the second."""
+
+  def __init__(self, cluster, task, *, workers, batches):
+    self.task, self.runs = task, 0
+    self.target = cluster.worker_targets[task]
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      with tf.compat.v1.device("/job:ps/task:0"):
+        step = tf.compat.v1.train.get_or_create_global_step()
+        w = tf.compat.v1.get_variable(
+            "w", [2], initializer=tf.zeros_initializer())
+      with tf.compat.v1.device("/job:ps/task:1"):
+        trained = tf.compat.v1.get_variable(
+            "trained", [workers], initializer=tf.zeros_initializer())
+      with tf.compat.v1.device("/job:worker/task:%d" % task):
+        data = tf.data.Dataset.range(batches)
+        x = tf.cast(tf.compat.v1.data.make_one_shot_iterator(data).get_next(),
+                    tf.float32)
+        opt = support.OURS(tf.compat.v1.train.GradientDescentOptimizer(-1.0),
+                           replicas_to_aggregate=workers,
+                           total_num_replicas=workers,
+                           sparse_reduction="sum")
+        self.train_op = opt.apply_gradients(
+            [(tf.IndexedSlices(tf.constant([1.0]), tf.constant([task]),
+                               tf.constant([workers])), trained),
+             (0.0 * x + tf.zeros([2]), w)],
+            global_step=step)
+      self.hooks = [opt.make_session_run_hook(task == 0)]
+
+  def train(self, ready):
+    with self.graph.as_default(), support.monitored_session(
+        self.target, is_chief=self.task == 0, hooks=self.hooks) as sess:
+      if self.task == 0:
+        ready.set()
+      while not sess.should_stop():
+        sess.run(self.train_op)
+        self.runs += 1
+
+
+def test_a_run_whose_input_ended_pushes_no_gradient():
+  """The hang at 16 workers and 2 ps (tests/test_recovery.py): a worker's
+  last run, whose input ended, pushed ``trained``'s gradient and not
+  ``w``'s; ``trained``'s take then completed alone (in the cancelled take
+  of the chief's blocking loop, or in an update the chief's count of
+  ``trained`` released) and every later push to it was stale: the job
+  waited until the op timeout. Now no push runs before every gradient of
+  the run is computed: every process ends, and ``trained`` counts exactly
+  the batches of each worker. Workers with no data fail without the gate
+  (a hang, or cells counting runs that never trained)."""
+  shards = (8, 0, 3, 0)
+  workers = len(shards)
+  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=2)
+  jobs = [_TwoPsWorker(cluster, t, workers=workers, batches=n)
+          for t, n in enumerate(shards)]
+  support.run_chief_first(lambda cluster, task, ready: jobs[task].train(ready),
+                          cluster, workers, timeout=JOB_SECS)
+  assert [j.runs for j in jobs] == list(shards)
+  with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:1"):
+      trained = tf.compat.v1.get_variable("trained", [workers])
+    with tf.compat.v1.Session(cluster.worker_targets[0],
+                              config=support.session_config()) as sess:
+      np.testing.assert_array_equal(sess.run(trained), shards)
