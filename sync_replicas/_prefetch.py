@@ -30,12 +30,17 @@ Where the copy is not used, and a fresh read is made instead:
   and ``chief_init_op``, which holds it) reads every copy fresh, after it
   set the local step from the global step, so the copy is never older than
   the local step. There is no copy from an earlier session to trust.
-* Reads that an op outside this optimizer's gradient computation consumes
-  (a summary of a weight, another optimizer's forward pass, an evaluation
-  metric that the gradients do not need): they stay fresh packed reads, as
-  ``pack_variable_reads`` builds them. The copy is refreshed only by this
-  train op, so an op run without it (another optimizer's train op in a GAN)
-  would read a value that no token of its own vouches for.
+* Reads that no op of this optimizer's gradient computation consumes (a
+  summary's own read of a weight, another model's reads): they stay fresh
+  packed reads, as ``pack_variable_reads`` builds them. The copy is
+  refreshed only by this train op, so an op run without it reads a value
+  that no token of its own vouches for. A read the gradients share with
+  other ops (the loss fetched beside the train op, a summary) gives those
+  ops the copy: in the train op's run the value the step started with;
+  in a run without it (an evaluation), the variables as of the worker's
+  last token. Two sync optimizers whose train ops share a read (a GAN's
+  discriminator read by the generator's loss, the same read op) are not
+  told apart: the second's run reads the first's copy.
 
 Nothing else differs between modes (backups, multi-batch accumulation,
 deadlines, ``data_end``, one token queue per worker): each is a rule about
@@ -150,8 +155,8 @@ class NoPrefetch:
 
 
 def gradient_ancestors(grads_and_vars):
-  """Every op the gradients need (data and control inputs): the ops that
-  may consume a copy, as they run only in this optimizer's train op."""
+  """Every op the gradients need (data and control inputs): a read one of
+  them consumes runs in this optimizer's train op."""
   stack = []
   for grad, _ in grads_and_vars:
     if grad is None:

@@ -142,14 +142,18 @@ class _Found:
     self.left_plain = collections.Counter()
     self.fresh = 0  # Reads kept fresh with prefetch: consumed outside.
     self._wire = wire
-    # With prefetch_variable_reads, the ops the gradients need: a read all
-    # of whose consumers are among them comes from the copy (_prefetch).
+    # With prefetch_variable_reads, the ops the gradients need: a read one
+    # of whose consumers is among them comes from the copy (_prefetch).
     self._inside = inside
 
   def _prefetched(self, edges):
     if self._inside is None:
       return False
-    if all(consumer in self._inside for consumer, _ in edges):
+    # A read this train op runs: its forward ops (when the gradients need
+    # them) or its gradient ops. Its other consumers (the loss of
+    # ``w * w``, which the gradients do not need, a summary sharing the
+    # read) then see the copy, the value the step started with.
+    if any(consumer in self._inside for consumer, _ in edges):
       return True
     self.fresh += 1
     return False
