@@ -5,6 +5,7 @@ how to fix it.
 """
 
 import numbers
+import os
 
 import tensorflow as tf
 
@@ -260,3 +261,32 @@ def init_tokens(num_tokens, *, replicas_to_aggregate, total_num_replicas):
         % (num_tokens, needed, replicas_to_aggregate, total_num_replicas,
            max(needed, 0), max(needed, 0), replicas_to_aggregate))
   return int(num_tokens)
+
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+def flag_from(knob, env, value, environ=None):
+  """``value`` (the keyword ``knob``) as a bool; None reads ``env`` (unset:
+  False).
+
+  Raises:
+    ValueError: the argument is not a bool or None, or the environment
+      variable holds neither a yes nor a no.
+  """
+  if value is None:
+    text = (os.environ if environ is None else environ).get(env, "")
+    if text.strip().lower() in _ON:
+      return True
+    if text.strip().lower() in _OFF:
+      return False
+    raise ValueError(
+        "%s must be 1 or 0 (or true/false, yes/no, on/off), got %r. Set it "
+        "to 1 to turn %s on for a script run unchanged, or unset it."
+        % (env, text, knob))
+  if not isinstance(value, bool):
+    raise ValueError(
+        "%s must be True, False or None (the environment's %s), got %r."
+        % (knob, env, value))
+  return value

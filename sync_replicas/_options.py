@@ -13,6 +13,7 @@ import numbers
 from typing import Any, Optional
 
 from sync_replicas import _checks
+from sync_replicas import _prefetch
 from sync_replicas import _rewired_reads
 from sync_replicas import _data_end
 from sync_replicas import _timeline
@@ -141,6 +142,16 @@ class Options:
       the environment variable ``SYNC_REPLICAS_TRANSFER_DTYPE`` (bfloat16,
       float16 or float32; unset: off); ``tf.float32`` is off whatever the
       environment says.
+    prefetch_variable_reads: Not in stock. True: the packed reads of the
+      variables that only the gradients consume are made on the ps right
+      after the worker's token is dequeued and kept in worker-local copies
+      that the next step reads (``_prefetch``): the values cross with the
+      token, two dependent trips a step instead of three. Same numbers and
+      staleness rule; a new session reads fresh (its local init fills the
+      copies). Implies ``pack_variable_reads``. False: reads as
+      ``pack_variable_reads`` says. The constructor's None (default) reads
+      the environment variable ``SYNC_REPLICAS_PREFETCH_VARIABLE_READS``
+      (1 or 0; unset: False).
   """
 
   replicas_to_aggregate: int
@@ -165,6 +176,7 @@ class Options:
   pack_variable_reads: bool = False
   data_end: str = _data_end.TRAIN_ALL
   transfer_dtype: Any = None
+  prefetch_variable_reads: bool = False
 
   @property
   def tokens_per_step(self) -> int:
@@ -222,7 +234,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
                  timeline_dir, pack_variable_reads, data_end, transfer_dtype,
-                 **unchecked):
+                 prefetch_variable_reads, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -241,6 +253,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
   _rewired_reads.enabled_from(pack_variable_reads)
   _data_end.check(data_end, prompt_stop=prompt_stop)
   _transfer.dtype_from(transfer_dtype)
+  _prefetch.check_with_packing(prefetch_variable_reads, pack_variable_reads)
 
 
 def make(r, t, **extras):
@@ -261,7 +274,11 @@ def make(r, t, **extras):
                                  or reduction != _checks.ROW_MEAN),
       statistics_log_steps=extras["statistics_log_steps"] or 0,
       timeline_dir=_timeline.directory_from(extras["timeline_dir"]),
-      pack_variable_reads=_rewired_reads.enabled_from(
-          extras["pack_variable_reads"]),
+      # Prefetched reads are packed reads made after the token.
+      pack_variable_reads=(
+          _rewired_reads.enabled_from(extras["pack_variable_reads"])
+          or _prefetch.enabled_from(extras["prefetch_variable_reads"])),
+      prefetch_variable_reads=_prefetch.enabled_from(
+          extras["prefetch_variable_reads"]),
       transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)

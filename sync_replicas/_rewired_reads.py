@@ -37,13 +37,14 @@ previous run's token was taken; nothing in the graph ties either to it.
 """
 
 import collections
-import os
 import typing
 
 import tensorflow as tf
 
+from sync_replicas import _checks
 from sync_replicas import _compat
 from sync_replicas import _packing
+from sync_replicas import _prefetch
 from sync_replicas import _transfer
 
 # The TensorFlow logger's child, as the statistics' lines: a script that
@@ -54,8 +55,6 @@ _LOG = tf.get_logger().getChild(__name__)
 #: so that a script run unchanged (``python -m sync_replicas.patch``) can
 #: turn it on.
 ENV = "SYNC_REPLICAS_PACK_VARIABLE_READS"
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
 
 #: Ops that take a value into control flow or a function: what they consume
 #: is read there, out of the rewrite's reach.
@@ -80,24 +79,9 @@ def enabled_from(pack_variable_reads, environ=None):
   """``pack_variable_reads`` as a bool; None reads ``ENV`` (unset: False).
 
   Raises:
-    ValueError: the argument is not a bool or None, or the environment
-      variable holds neither a yes nor a no.
+    ValueError: as ``_checks.flag_from``.
   """
-  if pack_variable_reads is None:
-    text = (os.environ if environ is None else environ).get(ENV, "")
-    if text.strip().lower() in _ON:
-      return True
-    if text.strip().lower() in _OFF:
-      return False
-    raise ValueError(
-        "%s must be 1 or 0 (or true/false, yes/no, on/off), got %r. Set it "
-        "to 1 to pack the variable reads of a script run unchanged, or "
-        "unset it." % (ENV, text))
-  if not isinstance(pack_variable_reads, bool):
-    raise ValueError(
-        "pack_variable_reads must be True, False or None (the environment's "
-        "%s), got %r." % (ENV, pack_variable_reads))
-  return pack_variable_reads
+  return _checks.flag_from("pack_variable_reads", ENV, pack_variable_reads, environ)
 
 
 class Report(typing.NamedTuple):
@@ -109,10 +93,16 @@ class Report(typing.NamedTuple):
     packed_reads: Packed reads built: the transfers each step now makes for
       the rewired variables.
     left_plain: Reads (one per consumer edge) left as they were, by reason.
+    prefetched: Of ``packed_reads``, those read after the token into a
+      worker-local copy (``prefetch_variable_reads``).
+    fresh: Reads kept fresh with ``prefetch_variable_reads``: an op
+      outside the gradients consumes them (``_prefetch``).
   """
   rewired: typing.Tuple[typing.Tuple[str, str, typing.Tuple[str, ...]], ...]
   packed_reads: int
   left_plain: typing.Dict[str, int]
+  prefetched: int = 0
+  fresh: int = 0
 
 
 def _task(device):
@@ -146,10 +136,27 @@ class _Found:
   cost is bandwidth, which is what the cast halves.
   """
 
-  def __init__(self, wire):
-    self.packable = collections.OrderedDict()  # var -> [(read, edges)]
+  def __init__(self, wire, inside=None):
+    # var -> [(read, edges, prefetched)]
+    self.packable = collections.OrderedDict()
     self.left_plain = collections.Counter()
+    self.fresh = 0  # Reads kept fresh with prefetch: consumed outside.
     self._wire = wire
+    # With prefetch_variable_reads, the ops the gradients need: a read one
+    # of whose consumers is among them comes from the copy (_prefetch).
+    self._inside = inside
+
+  def _prefetched(self, edges):
+    if self._inside is None:
+      return False
+    # A read this train op runs: its forward ops (when the gradients need
+    # them) or its gradient ops. Its other consumers (the loss of
+    # ``w * w``, which the gradients do not need, a summary sharing the
+    # read) then see the copy, the value the step started with.
+    if any(consumer in self._inside for consumer, _ in edges):
+      return True
+    self.fresh += 1
+    return False
 
   def variable(self, var):
     here = _task(var.device)
@@ -165,25 +172,27 @@ class _Found:
         elif edges and op.control_inputs:
           self.left_plain[CONTROL_DEPENDENCIES] += len(edges)
         elif edges:
-          reads.append((op, edges))
+          reads.append((op, edges, self._prefetched(edges)))
       elif _task(op.device) != here and op.type in _CONTROL_FLOW:
         self.left_plain[CONTROL_FLOW] += 1
       elif _task(op.device) != here and op.type in _GATHERS:
         self.left_plain[GATHER] += 1
-    if not reads:
-      return
-    reason = self._unpackable(var)
-    if reason:
-      self.left_plain[reason] += sum(len(edges) for _, edges in reads)
-    else:
-      self.packable[var] = reads
+    for read in reads:
+      reason = self._unpackable(var, prefetched=read[2])
+      if reason:
+        self.left_plain[reason] += len(read[1])
+      else:
+        self.packable.setdefault(var, []).append(read)
 
-  def _unpackable(self, var):
+  def _unpackable(self, var, *, prefetched):
     if not var.device:
       return NO_DEVICE
     if not var.dtype.base_dtype.is_floating:
       return NOT_FLOAT
-    if not _packing.small(var) and not self._wire.compresses(var.dtype):
+    # A large variable's copy still saves its trip (prefetched), and its
+    # 16-bit read half its bytes.
+    if (not _packing.small(var) and not prefetched
+        and not self._wire.compresses(var.dtype)):
       return HUGE
     return None
 
@@ -198,22 +207,22 @@ def _groups(packable):
   joins that task's group instead of costing a transfer of its own.
 
   Returns:
-    ``{(task, variable device, dtype, None or a large variable's name):
-    [split device, {var: [(read, consumer, index), ...]}]}``.
+    ``{(task, variable device, dtype, None or a large variable's name,
+    prefetched): [split device, {var: [(read, consumer, index), ...]}]}``.
   """
   named = {_task(consumer.device)
-           for reads in packable.values() for _, edges in reads
+           for reads in packable.values() for _, edges, _ in reads
            for consumer, _ in edges if consumer.device}
   default = next(iter(named)) if len(named) == 1 else _task("")
   groups = collections.OrderedDict()
   for var, reads in packable.items():
-    for read, edges in reads:
+    for read, edges, prefetched in reads:
       devices = [c.device for c, _ in edges if c.device] or [""]
       task = _task(devices[0]) if devices[0] else default
       # A large variable (only packable with transfer_dtype) is read on its
       # own: a concatenation would copy it once more.
       key = (task, var.device, var.dtype.base_dtype,
-             None if _packing.small(var) else var.op.name)
+             None if _packing.small(var) else var.op.name, prefetched)
       group = groups.setdefault(key, [devices[0], collections.OrderedDict()])
       if not group[0]:
         group[0] = devices[0]
@@ -244,7 +253,8 @@ def _packed_parts(consumer_device, variables, wire):
           [v.shape for v in values], name="unpacked_values")
 
 
-def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
+def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED,
+           prefetched=None):
   """Reroutes the cross-task reads of the variables trained to packed reads.
 
   Args:
@@ -252,11 +262,16 @@ def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
       gradient are the ones whose reads may move.
     scope: Our name scope (the ops added go under ``<scope>packed_reads``).
     wire: The ``_transfer`` unit the packed reads cross in.
+    prefetched: A ``_prefetch.Prefetched`` (``prefetch_variable_reads``):
+      reads only the gradients consume come from its worker-local copies,
+      one per group, alone or large ones included; None: fresh reads.
 
   Returns:
     A ``Report``.
   """
-  found = _Found(wire)
+  inside = (None if prefetched is None
+            else _prefetch.gradient_ancestors(grads_and_vars))
+  found = _Found(wire, inside)
   seen = set()
   for grad, var in grads_and_vars:
     if grad is not None and var.op.name not in seen:
@@ -266,13 +281,19 @@ def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
   packed_reads = 0
   with tf.compat.v1.name_scope(scope), tf.compat.v1.name_scope(
       "packed_reads"):
-    for consumer_device, by_var in _groups(found.packable).values():
+    for key, (consumer_device, by_var) in _groups(found.packable).items():
+      if key[-1]:
+        # Its trip is saved whatever its size: the copy is read here.
+        parts = prefetched.parts(consumer_device, list(by_var))
+        packed_reads += 1
       # One variable gains from a packed read only by its cast.
-      if len(by_var) < 2 and not wire.compresses(next(iter(by_var)).dtype):
+      elif len(by_var) < 2 and not wire.compresses(
+          next(iter(by_var)).dtype):
         found.left_plain[ALONE] += sum(len(e) for e in by_var.values())
         continue
-      parts = _packed_parts(consumer_device, list(by_var), wire)
-      packed_reads += 1
+      else:
+        parts = _packed_parts(consumer_device, list(by_var), wire)
+        packed_reads += 1
       for (var, edges), part in zip(by_var.items(), parts, strict=True):
         for read, consumer, index in edges:
           _compat.update_input(consumer, index, part)
@@ -281,7 +302,9 @@ def rewire(grads_and_vars, *, scope, wire=_transfer.UNCOMPRESSED):
       rewired=tuple((read, var, tuple(consumers))
                     for (read, var), consumers in rewired.items()),
       packed_reads=packed_reads,
-      left_plain={k: v for k, v in found.left_plain.items() if v})
+      left_plain={k: v for k, v in found.left_plain.items() if v},
+      prefetched=0 if prefetched is None else prefetched.count,
+      fresh=found.fresh)
   _log(report)
   return report
 
@@ -296,20 +319,25 @@ def _log(report):
             "packed reads; reads left plain: %s", len(report.rewired),
             len({var for _, var, _ in report.rewired}), report.packed_reads,
             plain or "none")
+  if report.prefetched or report.fresh:
+    _LOG.info("prefetch_variable_reads: %d packed reads made after the "
+              "token into worker-local copies; %d reads kept fresh (%s)",
+              report.prefetched, report.fresh, _prefetch.OUTSIDE)
 
 
 class PackedVariableReads:
   """``pack_variable_reads=True``: ``rewire`` at the start of the build."""
 
-  def build(self, grads_and_vars, *, scope, wire):
-    return rewire(grads_and_vars, scope=scope, wire=wire)
+  def build(self, grads_and_vars, *, scope, wire, prefetched=None):
+    return rewire(grads_and_vars, scope=scope, wire=wire,
+                  prefetched=prefetched)
 
 
 class NoPackedVariableReads:
   """``pack_variable_reads=False``: the graph is left as it is."""
 
-  def build(self, grads_and_vars, *, scope, wire):
-    del grads_and_vars, scope, wire
+  def build(self, grads_and_vars, *, scope, wire, prefetched=None):
+    del grads_and_vars, scope, wire, prefetched
     return None
 
 

@@ -34,6 +34,7 @@ from sync_replicas import _data_end
 from sync_replicas import _keras
 from sync_replicas import _manifest
 from sync_replicas import _options
+from sync_replicas import _prefetch
 from sync_replicas import _restart
 from sync_replicas import _rewired_reads
 from sync_replicas import _routes
@@ -112,8 +113,7 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
                stall_timeout_secs: "float | None" = None,
                statistics: bool = False, timeline_dir: "str | None" = None,
                statistics_log_steps: "int | None" = 100,
-               fuse_dense_gradients: bool = False,
-               pack_gradient_transfers: bool = True,
+               fuse_dense_gradients: bool = False, pack_gradient_transfers: bool = True,
                averages_before_tokens: bool = False,
                combine_sparse_duplicates: bool = False,
                sparse_reduction: str = "row_mean", data_end: str = "train_all",
@@ -122,7 +122,8 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
                min_replicas_to_aggregate: "int | None" = None,
                aggregation_deadline_secs: "float | None" = None,
                pack_variable_reads: "bool | None" = None,
-               transfer_dtype: "tf.DType | str | None" = None) -> None:
+               transfer_dtype: "tf.DType | str | None" = None,
+               prefetch_variable_reads: "bool | None" = None) -> None:
     """Construct a sync_replicas optimizer.
 
     Args:
@@ -424,9 +425,14 @@ class _Build:
 
   def packed_variable_reads(self, grads_and_vars):
     """The model's reads rerouted, before any op of ours reads a variable."""
-    # What it did is logged; nothing later needs it.
+    # What it did is logged; nothing later needs it but the copies, which
+    # the local init and the train op fill (prefetch_variable_reads).
+    self.prefetched = _prefetch.policy(self.o.prefetch_variable_reads,
+                                       wire=self.wire, scope=self.scope)
     _rewired_reads.policy(self.o.pack_variable_reads).build(
-        grads_and_vars, scope=self.scope, wire=self.wire)
+        grads_and_vars, scope=self.scope, wire=self.wire,
+        prefetched=(self.prefetched if self.o.prefetch_variable_reads
+                    else None))
 
   def local_step_and_statistics(self):
     """The worker-local step, the statistics and the workers' local init."""
@@ -458,6 +464,13 @@ class _Build:
       self.local_step_init_op = tf.compat.v1.assign(
           self.local_step,
           self.generations.local_step_value(tf.convert_to_tensor(gs)))
+    # A new session's copies: read fresh, after the local step (so never
+    # older than it). Without copies the op stays stock's assign.
+    primed = self.prefetched.prime([self.local_step_init_op])
+    if primed:
+      with tf.compat.v1.name_scope(self.scope):
+        self.local_step_init_op = tf.group(
+            self.local_step_init_op, *primed, name="local_step_init")
     self.ready_for_local_init_op = (
         tf.compat.v1.report_uninitialized_variables(
             tf.compat.v1.global_variables()))
@@ -525,7 +538,10 @@ class _Build:
     pushed = self.stats.after_pushes(self.routes.pushes)
     token = self.tokens.take(self.routes.pushes + pushed.ops, self.local_step)
     step, counted = self.stats.after_token(token, pushed)
-    with tf.control_dependencies(counted):
+    # The next step's variables, read on the ps once the token is out
+    # (prefetch_variable_reads): they cross with it.
+    refreshed = self.prefetched.refresh([token])
+    with tf.control_dependencies(list(counted) + refreshed):
       train_op = tf.compat.v1.assign(self.local_step, step)
     self.timeline.worker(self.gradients, self.routes.pushes, token,
                          self.local_step, train_op=train_op)

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import support
 from sync_replicas import _options
+from sync_replicas import _prefetch
 from sync_replicas import _rewired_reads
 from sync_replicas import _transfer
 
@@ -63,6 +64,7 @@ def test_the_constructors_defaults_are_the_documented_ones(graph,
   del graph
   monkeypatch.delenv(_rewired_reads.ENV, raising=False)
   monkeypatch.delenv(_transfer.ENV, raising=False)
+  monkeypatch.delenv(_prefetch.ENV, raising=False)
   documented = _documented_defaults()
   params = inspect.signature(support.OURS.__init__).parameters.values()
   keyword_only = {p.name: p.default for p in params
@@ -70,10 +72,11 @@ def test_the_constructors_defaults_are_the_documented_ones(graph,
   # Every option is in the table, with the constructor's default.
   assert keyword_only == documented
   # The options an optimizer built without any gets are those defaults;
-  # pack_variable_reads' None reads its environment variable, unset: off.
+  # pack_variable_reads' and prefetch_variable_reads' None read their
+  # environment variables, unset: off.
   o = support.OURS(support.sgd(), replicas_to_aggregate=2).options
   assert {k: getattr(o, k) for k in documented} == dict(
-      documented, pack_variable_reads=False)
+      documented, pack_variable_reads=False, prefetch_variable_reads=False)
   # Stock's own arguments keep stock's names, order and defaults.
   stock = inspect.signature(support.STOCK.__init__).parameters.values()
   assert [(p.name, p.default) for p in params
