@@ -136,3 +136,19 @@ def test_the_split_mlp_spreads_every_matrix_over_the_ps_tasks():
   assert max(whole.values()) > 0.7 * sum(whole.values()), whole
   # ...split, every task holds a quarter.
   assert max(split.values()) < 1.01 * sum(split.values()) / 4, split
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--ps", "0"], "--workers and --ps take positive counts"),
+    (["--workers", "2,x"], "invalid literal"),
+    (["--link-rate", "fast"], "a link rate is a positive number and a unit"),
+    (["--impls", "ours,mwms,mwms_ring"], "one MultiWorkerMirroredStrategy"),
+    (["--variant", "a={}", "--variant", "a={}"], "its NAME is used twice"),
+], ids=["no-ps", "bad-count", "bad-rate", "two-peers", "variant-twice"])
+def test_bad_arguments_stop_before_any_namespace_or_host(argv, said,
+                                                         capsys):
+  linkcost = support.load_tool("linkcost")
+  with pytest.raises(SystemExit) as stopped:
+    linkcost.main(argv)
+  assert stopped.value.code == 2
+  assert said in capsys.readouterr().err
