@@ -66,8 +66,9 @@ def peer_model(scenario, rng):
     return linear(task_lib.MANY[scenario], 100)
   if scenario == "flat":
     return linear(1, 20_000)
-  if scenario in task_lib.MLPS:
-    sizes, examples = task_lib.MLPS[scenario]
+  if scenario in task_lib.MLPS or scenario in task_lib.SPLIT:
+    # Without a ps there is nothing to split a matrix over: the same MLP.
+    sizes, examples = task_lib.MLPS[task_lib.SPLIT.get(scenario, scenario)]
     variables = []
     # Each layer's width with the next's (strict=False: the last, the
     # output's, has none).
@@ -178,6 +179,10 @@ def train(strategy, spec, task, *, session_ready, wait_start):
       "task_cpu_secs": task_lib.task_cpu_secs(cpu_at_first, cpu_at_last,
                                               spec.cluster),
       "optimizer_options": {"communication": spec.impl},
+      # What each worker's all-reduce moves per step (tools/linkcost's
+      # floor): every variable, replicated on every worker.
+      "model_bytes": sum(v.shape.num_elements() * v.dtype.size
+                         for v in variables),
   }
 
 

@@ -1,6 +1,6 @@
 """The task processes of tools/bench, and the driver's side of their protocol.
 
-Owns the pool (1 ps and W workers, each tools/_bench_task.py in its own
+Owns the pool (P ps tasks and W workers, each tools/_bench_task.py in its own
 process group, started together once per W and serving every run at that
 W), sending commands and reading answers with a deadline, and one run's
 choreography (``run_once``). The messages themselves are defined in
@@ -36,7 +36,7 @@ class RunError(RuntimeError):
 
 
 class Pool:
-  """1 ps and W worker processes (tools/_bench_task.py --serve) that serve runs;
+  """P ps and W worker processes (tools/_bench_task.py --serve) that serve runs;
   or, for a peer, W MultiWorkerMirroredStrategy workers and no ps
   (tools/_bench_peer_task.py).
 
@@ -45,26 +45,42 @@ class Pool:
   steps. Every wait is bounded by ``timeout``.
   """
 
-  def __init__(self, workers, *, log, timeout, communication=None):
+  def __init__(self, workers, *, log, timeout, communication=None, ps=1,
+               places=None):
     """Starts the tasks and waits for every one's ``up``.
 
     Args:
       workers: W.
       log: The open file every task's stderr goes to.
       timeout: Seconds the start may take.
-      communication: None: 1 ps and W workers of tools/_bench_task.py. A
-        MultiWorkerMirroredStrategy communication (protocol.PEERS' values):
-        W workers of tools/_bench_peer_task.py, no ps.
+      communication: None: ``ps`` ps tasks and W workers of
+        tools/_bench_task.py. A MultiWorkerMirroredStrategy communication
+        (protocol.PEERS' values): W workers of tools/_bench_peer_task.py, no
+        ps.
+      ps: P, the ps tasks of a pool that has them (the device setter spreads
+        the variables over them round-robin).
+      places: None: every task on 127.0.0.1, on a free port. Or one
+        ``(argv_prefix, "address:port")`` per task, ps tasks first, then
+        the workers: the task listens there and is started as
+        ``argv_prefix + [python, ...]`` (e.g. ``ip netns exec host3``: a
+        task of its own emulated host, tools/linkcost).
     """
     self.has_ps = communication is None
-    ports = free_ports(workers + self.has_ps)
+    ps = ps if self.has_ps else 0
+    if ps < int(self.has_ps):
+      raise ValueError("a ps pool needs at least one ps task, got %d" % ps)
+    if places is None:
+      places = [([], "%s:%d" % (LOOPBACK, p))
+                for p in free_ports(workers + ps)]
+    if len(places) != workers + ps:
+      raise ValueError("places: one per task (%d ps, %d workers), got %d"
+                       % (ps, workers, len(places)))
     self.workers = workers
-    self.cluster = {"worker": ["%s:%d" % (LOOPBACK, p)
-                               for p in ports[self.has_ps:]]}
+    self.cluster = {"worker": [a for _, a in places[ps:]]}
     if self.has_ps:
-      self.cluster["ps"] = ["%s:%d" % (LOOPBACK, ports[0])]
+      self.cluster["ps"] = [a for _, a in places[:ps]]
     script = TASK if self.has_ps else PEER_TASK
-    jobs = ([("ps", 0)] if self.has_ps else []) + [
+    jobs = [("ps", t) for t in range(ps)] + [
         ("worker", t) for t in range(workers)]
     self._log = log
     self._procs = {}
@@ -73,11 +89,11 @@ class Pool:
                TF_CPP_MIN_LOG_LEVEL="2")
     started = time.monotonic()
     try:
-      for job, task in jobs:
+      for (job, task), (prefix, _) in zip(jobs, places, strict=True):
         spec = protocol.ServeSpec(cluster=self.cluster, job=job, task=task,
                                   communication=communication)
         self._procs[(job, task)] = subprocess.Popen(
-            [sys.executable, str(script), "--serve",
+            [*prefix, sys.executable, str(script), "--serve",
              protocol.serve_argument(spec)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, start_new_session=True)

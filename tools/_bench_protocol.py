@@ -34,7 +34,11 @@ DEFAULT_SCENARIOS = ["small", "medium", "mlp", "many", "many_packed_reads",
 #: The "many" model at V = 1000 and 4000 variables, for how costs grow with
 #: V (docs/scaling.md); named, never run by default (each takes minutes).
 SCALE_SCENARIOS = ["many_1000", "many_4000"]
-SCENARIOS = DEFAULT_SCENARIOS + SCALE_SCENARIOS
+#: The MLP with its weight matrices split over the ps tasks (one piece
+#: each): how a model with one dominant matrix uses more ps tasks
+#: (tools/linkcost); named, never run by default.
+SPLIT_SCENARIOS = ["mlp_split"]
+SCENARIOS = DEFAULT_SCENARIOS + SCALE_SCENARIOS + SPLIT_SCENARIOS
 #: Stock's SyncReplicasOptimizer, ours, and the plain optimizer (no barrier).
 IMPLS = ["stock", "ours", "async"]
 #: The peers: tf.distribute.MultiWorkerMirroredStrategy, W worker processes

@@ -85,8 +85,22 @@ MLPS = {"medium": ([256, 1024, 512, 256, 10], 16),
         "mlp": ([784, 256, 256, 10], 32)}
 
 
-def build_model(scenario, rng):
-  """The scenario's loss; variables go where the device setter puts them."""
+#: Models whose weight matrices are split along their rows into one piece
+#: per ps task (``fixed_size_partitioner``), so that the device setter
+#: spreads every matrix over the ps tasks instead of putting each whole on
+#: one: the model they split, by name (docs/scaling.md, tools/linkcost).
+SPLIT = {"mlp_split": "mlp"}
+
+
+def build_model(scenario, rng, *, ps_tasks=1):
+  """The scenario's loss; variables go where the device setter puts them.
+
+  ``ps_tasks``: how many pieces a SPLIT model's matrices are cut into.
+  """
+  if scenario in SPLIT:
+    with tf.compat.v1.variable_scope(
+        "", partitioner=tf.compat.v1.fixed_size_partitioner(ps_tasks)):
+      return build_model(SPLIT[scenario], rng)
   if scenario in ("small", "straggler"):
     return _linear_loss(_dense_vars(10, 100), rng)
   if scenario in MANY:
@@ -104,8 +118,11 @@ def build_model(scenario, rng):
     # output's, has none).
     for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
       w = tf.compat.v1.get_variable("w%d" % i, [a, b])
+      # Biases stay whole (a partitioner would cut them too): they are
+      # small, and round-robin spreads them anyway.
       bias = tf.compat.v1.get_variable("b%d" % i, [b],
-                                       initializer=tf.zeros_initializer())
+                                       initializer=tf.zeros_initializer(),
+                                       partitioner=None)
       h = tf.matmul(h, w) + bias
       if i + 2 < len(sizes):
         h = tf.nn.relu(h)
@@ -146,7 +163,8 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       tf.compat.v1.train.replica_device_setter(
           cluster=cluster, worker_device="/job:worker/task:%d" % task)):
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    loss = build_model(spec.scenario, rng)
+    loss = build_model(spec.scenario, rng,
+                       ps_tasks=len(spec.cluster.get("ps", [])) or 1)
     opt = tf.compat.v1.train.GradientDescentOptimizer(0.001)
     stop_hook = _StopAtStep(last_step=_UNSET)
     hooks = [stop_hook]
@@ -171,6 +189,7 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       if spec.scenario == "many_packed_reads":
         variables = sync_replicas.read_packed(variables)
       reads = tf.add_n([tf.reduce_sum(v) for v in variables])
+    shards = ps_shard_bytes(tf.compat.v1.trainable_variables())
   config = tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=int(spec.op_timeout_secs * 1000),
       device_filters=["/job:ps", "/job:worker/task:%d" % task])
@@ -270,7 +289,23 @@ def train(spec, task, target, *, session_ready=None, wait_go=None,
       # The keyword options the optimizer was built with: what the run
       # measured (a variant's options reach the constructor, or nothing).
       "optimizer_options": kwargs,
+      # Bytes of the model's trainable variables on each ps task, as the
+      # device setter placed them: what a read or a push of each task's
+      # share moves (tools/linkcost's floor).
+      "ps_shard_bytes": shards,
+      "model_bytes": sum(shards.values()),
   }
+
+
+def ps_shard_bytes(variables):
+  """``{"ps0": bytes, ...}``: the variables' sizes summed per ps task."""
+  shards = {}
+  for v in variables:
+    spec = tf.DeviceSpec.from_string(v.device)
+    name = "%s%d" % (spec.job, spec.task or 0)
+    shards[name] = shards.get(name, 0) + (
+        v.shape.num_elements() * v.dtype.base_dtype.size)
+  return shards
 
 
 def cpu_snapshot(pids):

@@ -101,6 +101,10 @@ def metrics(records):
            for task, secs in chief["task_cpu_secs"].items()}
           if chief.get("task_cpu_secs") and span > 0 else None),
       "window_s": window, "window_chief_steps": len(steps_at) - 1 - index,
+      # The window's ends (time.monotonic(), one clock for every process of
+      # the machine) and its updates: what tools/linkcost reads its link
+      # counters over.
+      "window_at": [first[0], last[0]], "window_updates": updates,
       "global_steps_per_s": (last[1] - first[1]) / window,
       "grads_per_s": runs / window,
       "step_ms_p50": pick(0.5), "step_ms_p95": pick(0.95),

@@ -1,0 +1,154 @@
+"""tools/linkcost: tools/bench's runs with every task on its own shaped host.
+
+One real run at its smallest (a ps and two workers, each on an emulated host
+of its own, the links shaped slow enough to be the bottleneck) checks that
+the byte counters are the links' own: the ps's link carries what the graph
+says a step moves (two pushes and two reads of the one variable), and the
+shaped link caps the updates at what its rate allows. The cost model and the
+table are checked on known numbers.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import support
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: The flat model: one variable of 20,000 float32.
+FLAT_BYTES = 20_000 * 4
+
+
+@pytest.mark.skipif(
+    not support.is_machine_root(),
+    reason="emulated hosts need the machine's root here: /run/netns is "
+    "mounted over in the tool's own mount namespace")
+def test_link_counters_measure_what_the_graph_moves(tmp_path):
+  out = tmp_path / "linkcost"
+  # 20 Mbit/s: 2.5 MB/s on the ps's link, 160 kB a step each way (W * S),
+  # at most about 16 updates/s: the link, not the CPU, sets the pace.
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "linkcost"), "--scenarios",
+       "flat", "--workers", "2", "--ps", "1", "--impls", "ours",
+       "--variant", 'fused={"fuse_dense_gradients": true}', "--reps", "1",
+       "--secs", "2", "--link-rate", "20mbit", "--out", str(out)],
+      capture_output=True, text=True, timeout=240, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  runs = [json.loads(line)
+          for line in (out / "runs.jsonl").read_text().splitlines()]
+  assert sorted(r["impl"] for r in runs) == ["fused", "ours"]
+  for run in runs:
+    links = run["links"]
+    assert sorted(links) == ["ps0", "worker0", "worker1"], run
+    assert sorted(run["drops"]) == sorted(links), run
+    # What the graph moves: each worker pushes the variable's gradient and
+    # reads the variable once a step; the ps's link carries both workers'.
+    assert run["model_bytes"] == FLAT_BYTES
+    assert run["floor_bytes"] == 2 * FLAT_BYTES
+    assert run["busiest"] == "ps0", links
+    for way in ("sent", "received"):
+      # Counted, and near the graph's size: gRPC's and TCP's framing and
+      # the token, step and ack messages add a few percent, not a copy.
+      assert 1.0 <= links["ps0"][way] / (2 * FLAT_BYTES) < 1.3, links
+      for worker in ("worker0", "worker1"):
+        assert 1.0 <= links[worker][way] / FLAT_BYTES < 1.3, links
+    # The shaping holds: no more bytes a second than the rate lets through.
+    ceiling = run["link_bits"] / 8 / run["floor_bytes"]
+    assert run["updates_per_s"] <= 1.1 * ceiling, run
+  table = (out / "table.md").read_text()
+  assert "| flat | 20mbit | 2 | 1 | ours |" in table, table
+
+
+def test_floors_are_the_busiest_ps_share_or_the_ring_s_two_passes():
+  linkcost = support.load_tool("linkcost")
+  chief = {"model_bytes": 1000, "ps_shard_bytes": {"ps0": 700, "ps1": 300}}
+  # A ps design: W pushes and W reads of the busiest task's share, one
+  # way each, and both in turn.
+  assert linkcost.floors("stock", 4, chief, {}) == (4 * 700, 8 * 700)
+  # 16-bit pushes alone leave the float32 reads the larger way...
+  assert linkcost.floors("ours", 4, chief, {"transfer_dtype": "bfloat16"}) \
+      == (4 * 700, 6 * 700)
+  # ...and with packed reads both ways are halved.
+  assert linkcost.floors(
+      "ours", 4, chief, {"transfer_dtype": "bfloat16",
+                         "pack_variable_reads": True}) == (2 * 700, 4 * 700)
+  # Ring all-reduce: 2 (W-1)/W of the model on every worker's link, sent
+  # and received at once.
+  assert linkcost.floors("mwms", 4, {"model_bytes": 1000}, {}) == (1500, 1500)
+  assert linkcost.floors("ours", 4, {}, {}) == (None, None)
+
+
+def test_counters_are_read_at_the_window_s_ends_between_samples():
+  linkcost = support.load_tool("linkcost")
+  counters = linkcost.Counters(["host0"])
+  counters.samples = [(10.0, {"host0": (0, 100)}),
+                      (11.0, {"host0": (1000, 300)})]
+  assert counters.at(10.25) == {"host0": (250.0, 150.0)}
+  assert counters.at(12.0) == {"host0": (1000.0, 300.0)}
+
+
+def test_table_gives_medians_ratios_to_mwms_and_the_ceilings():
+  linkcost = support.load_tool("linkcost")
+
+  def row(impl, ups, busiest_bytes, rep=0):
+    return {"scenario": "mlp", "link_rate": "8mbit", "link_bits": 8e6,
+            "workers": 2, "ps": 1, "impl": impl, "rep": rep, "options": {},
+            "updates_per_s": ups, "busiest": "ps0",
+            "busiest_bytes": busiest_bytes, "model_bytes": 100_000,
+            "ps_shard_bytes": {"ps0": 100_000}, "job_cores": 0.5,
+            "drops": {"ps0": 3, "worker0": 1}}
+
+  text = linkcost.table([row("ours", 2.0, 250_000),
+                         row("ours", 4.0, 250_000, rep=1),
+                         row("mwms", 2.0, 200_000)])
+  lines = text.splitlines()
+  # 1 MB/s links; ours' floor is 200 kB each way, 400 kB in turn: at most
+  # 5.0 and 2.5 updates/s; its median 3.0, 1.2 of the latter.
+  assert ("| mlp | 8mbit | 2 | 1 | ours | 2 | 3.00 | 1.50 | ps0 | 0.250 | "
+          "0.200 | 1.25 | 5.0 / 2.5 | 1.20 | 75% | 0.50 | 4 |") in lines, text
+  # The ring: 2 (W-1)/W * S = 100 kB both ways at once.
+  assert ("| mlp | 8mbit | 2 | - | mwms | 1 | 2.00 | - | ps0 | 0.200 | "
+          "0.100 | 2.00 | 10.0 / 10.0 | 0.20 | 40% | 0.50 | 4 |") in lines, text
+
+
+def test_the_split_mlp_spreads_every_matrix_over_the_ps_tasks():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(support.TOOLS))
+  import _bench_task  # pylint: disable=g-import-not-at-top
+
+  cluster = tf.train.ClusterSpec({"ps": ["a:1", "b:1", "c:1", "d:1"],
+                                  "worker": ["w:1"]})
+
+  def shards(scenario):
+    with tf.Graph().as_default(), tf.compat.v1.device(
+        tf.compat.v1.train.replica_device_setter(cluster=cluster)):
+      tf.compat.v1.train.get_or_create_global_step()
+      _bench_task.build_model(scenario, np.random.default_rng(0), ps_tasks=4)
+      return _bench_task.ps_shard_bytes(tf.compat.v1.trainable_variables())
+
+  whole, split = shards("mlp"), shards("mlp_split")
+  assert sum(whole.values()) == sum(split.values())
+  # Round-robin puts the 784x256 matrix, 3/4 of the model, on one task...
+  assert max(whole.values()) > 0.7 * sum(whole.values()), whole
+  # ...split, every task holds a quarter.
+  assert max(split.values()) < 1.01 * sum(split.values()) / 4, split
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--ps", "0"], "--workers and --ps take positive counts"),
+    (["--workers", "2,x"], "invalid literal"),
+    (["--link-rate", "fast"], "a link rate is a positive number and a unit"),
+    (["--impls", "ours,mwms,mwms_ring"], "one MultiWorkerMirroredStrategy"),
+    (["--variant", "a={}", "--variant", "a={}"], "its NAME is used twice"),
+], ids=["no-ps", "bad-count", "bad-rate", "two-peers", "variant-twice"])
+def test_bad_arguments_stop_before_any_namespace_or_host(argv, said,
+                                                         capsys):
+  linkcost = support.load_tool("linkcost")
+  with pytest.raises(SystemExit) as stopped:
+    linkcost.main(argv)
+  assert stopped.value.code == 2
+  assert said in capsys.readouterr().err
