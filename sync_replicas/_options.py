@@ -15,6 +15,7 @@ from typing import Any, Optional
 from sync_replicas import _checks
 from sync_replicas import _rewired_reads
 from sync_replicas import _data_end
+from sync_replicas import _gone
 from sync_replicas import _timeline
 from sync_replicas import _tokens
 from sync_replicas import _transfer
@@ -141,6 +142,17 @@ class Options:
       the environment variable ``SYNC_REPLICAS_TRANSFER_DTYPE`` (bfloat16,
       float16 or float32; unset: off); ``tf.float32`` is off whatever the
       environment says.
+    worker_gone_secs: Not in stock. A number of seconds: a worker whose
+      gradient an update has waited for this long, and whose task does not
+      answer (refused, silent or unreachable), is declared gone (one log
+      line on the chief); from then on an update needs
+      ``min(replicas_to_aggregate, workers neither done nor gone)``
+      gradients, as for a done worker. It is taken back when its task starts
+      again or pushes again (one log line). Needs ``data_end="train_all"``.
+      None (stored when off): wait for it, as stock does. The constructor's
+      None (default) reads the environment variable
+      ``SYNC_REPLICAS_WORKER_GONE_SECS`` (seconds; unset or empty: off).
+      See docs/operations.md.
   """
 
   replicas_to_aggregate: int
@@ -165,6 +177,7 @@ class Options:
   pack_variable_reads: bool = False
   data_end: str = _data_end.TRAIN_ALL
   transfer_dtype: Any = None
+  worker_gone_secs: Optional[float] = None
 
   @property
   def tokens_per_step(self) -> int:
@@ -222,7 +235,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
                  timeline_dir, pack_variable_reads, data_end, transfer_dtype,
-                 **unchecked):
+                 worker_gone_secs, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -241,6 +254,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
   _rewired_reads.enabled_from(pack_variable_reads)
   _data_end.check(data_end, prompt_stop=prompt_stop)
   _transfer.dtype_from(transfer_dtype)
+  _gone.secs_from(worker_gone_secs, data_end=data_end)
 
 
 def make(r, t, **extras):
@@ -263,5 +277,7 @@ def make(r, t, **extras):
       timeline_dir=_timeline.directory_from(extras["timeline_dir"]),
       pack_variable_reads=_rewired_reads.enabled_from(
           extras["pack_variable_reads"]),
-      transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]))
+      transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]),
+      worker_gone_secs=_gone.secs_from(extras["worker_gone_secs"],
+                                       data_end=extras["data_end"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)
