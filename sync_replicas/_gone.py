@@ -147,8 +147,9 @@ class Watches:
   """Makes the chief's watch thread for each session of its sync loop
   (``SyncQueueRunner.create_threads``); see ``make_watches``."""
 
-  def __init__(self, secs, *, ends, global_step, local_step):
+  def __init__(self, secs, *, ends, global_step, local_step, token):
     self._secs, self._ends, self._global_step = secs, ends, global_step
+    self._token = token
     self._reader = _diagnose.LocalStepReader(
         _diagnose.local_step_spec(local_step))
 
@@ -158,18 +159,21 @@ class Watches:
     if not sess.sess_str:
       return []
     watch = GoneWatch(self._secs, ends=self._ends,
-                      global_step=self._global_step, reader=self._reader)
+                      global_step=self._global_step, reader=self._reader,
+                      token=self._token)
     return [threading.Thread(target=watch.run, args=(sess, coord),
                              name="SyncQueueRunnerGone")]
 
 
-def make_watches(secs, *, ends, global_step, local_step):
+def make_watches(secs, *, ends, global_step, local_step, token=None):
   """The runner's ``gone``: a ``Watches``, or None without
-  ``worker_gone_secs`` (``secs`` None) or a data-end record (``ends``)."""
+  ``worker_gone_secs`` (``secs`` None) or a data-end record (``ends``).
+  ``token``: the op that enqueues one token for a worker taken back at a
+  push (None: it needs none)."""
   if not secs or ends is None:
     return None
   return Watches(secs, ends=ends, global_step=global_step,
-                 local_step=local_step)
+                 local_step=local_step, token=token)
 
 
 class GoneWatch:
@@ -184,12 +188,13 @@ class GoneWatch:
     global_step: The global step variable.
     reader: The runner's ``_diagnose.LocalStepReader`` (each task's local
       step, for the probe).
+    token: The op that enqueues one token, or None (``make_watches``).
     clock: ``time.monotonic`` (for tests).
   """
 
-  def __init__(self, secs, *, ends, global_step, reader,
+  def __init__(self, secs, *, ends, global_step, reader, token=None,
                clock=time.monotonic):
-    self.secs = secs
+    self.secs, self._token = secs, token
     self._ends, self._global_step = ends, global_step
     self._reader, self._clock = reader, clock
     # key -> its local-step record when declared (None: it had none).
@@ -239,6 +244,11 @@ class GoneWatch:
       if now_step is None or now_step == self._declared[key]:
         continue
       self._ends.gone_marks.take_back(sess, key)
+      if now_step >= 0 and self._token is not None:
+        # Its push took a token of a release cut to the others: one of
+        # them would wait for good for an update that needs it too.
+        sess.run(self._token, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=RUN_TIMEOUT_MS))
       del self._declared[key]
       taken.add(key)
       how = ("its hook started again" if now_step < 0 else

@@ -499,7 +499,18 @@ class _Build:
         gone=_gone.make_watches(
             self.o.worker_gone_secs,
             ends=self.data_end if self.data_end.enabled else None,
-            global_step=self.global_step, local_step=self.local_step))
+            global_step=self.global_step, local_step=self.local_step,
+            token=self.token_for_a_return()))
+
+  def token_for_a_return(self):
+    """With ``worker_gone_secs`` and the shared token queue: one token of
+    the current step, which the chief enqueues when a gone worker is taken
+    back at a push (that push's token came from a release cut to the
+    others); None otherwise (a worker's own queue gets every release)."""
+    if not self.o.worker_gone_secs or not self.data_end.shared_tokens:
+      return None
+    return self.tokens.initial_fill(
+        self.global_step, 1, encode=self.generations.encode, after=list)
 
   def gradient_routes(self, grads_and_vars):
     """Every gradient's accumulator, its push and its take."""

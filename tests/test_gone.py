@@ -8,6 +8,8 @@ the ps: each gradient applied at step s by worker t lands in cell (s, t) of
 are the workers whose fresh gradient that update averaged.
 """
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -98,3 +100,82 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
   assert took < GONE_SECS + SLACK_SECS + (last_step - killed_at) * 0.5, took
   print("killed at step %d; step %d reached %.1f s later" % (
       killed_at, last_step, took))
+
+
+def _lines(job, words):
+  return [line for line in job.log("worker", 0).splitlines() if words in line]
+
+
+@pytest.mark.timeout(300)
+def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
+    gone_job):
+  """SIGSTOP (alive but silent): declared gone, the job goes on with two;
+  SIGCONT after N steps: taken back at its push, and from then on every
+  update averages all three workers' gradients again."""
+  last_step = 200
+  job = gone_job(last_step=last_step, delay=0.02)
+  job.hold()
+  _start(job)
+  job.release()
+  job.wait_step(10)
+  stopped = job.procs[("worker", 2)]
+  os.killpg(stopped.pid, signal.SIGSTOP)
+  try:
+    support.wait_until(lambda: _lines(job, "is gone"),
+                       timeout=GONE_SECS + SLACK_SECS + 30,
+                       what="the chief's line declaring worker 2 gone",
+                       interval=0.1)
+    gone_at = int(job.read_when_up("global_step"))
+    job.wait_step(gone_at + 10)  # N steps without it.
+  finally:
+    os.killpg(stopped.pid, signal.SIGCONT)
+  support.wait_until(lambda: _lines(job, "is back"), timeout=60,
+                     what="the chief's line taking worker 2 back",
+                     interval=0.1)
+  back_at = int(job.read_when_up("global_step"))
+  assert back_at < last_step - 20, "trained too far before the return"
+  for task in range(3):
+    job.procs[("worker", task)].wait(timeout=150)
+  gone, back = _lines(job, "is gone"), _lines(job, "is back")
+  assert len(gone) == 1 and "worker key 2 (" in gone[0], gone
+  assert "accepts connections but does not answer" in gone[0], gone
+  assert len(back) == 1 and "worker key 2 is back (it pushed again" in (
+      back[0]), back
+  assert "updates need 3 gradients again from the next update" in back[0]
+  rows = _gradients_per_update(job, last_step)
+  # While gone, the updates averaged the two live workers' gradients.
+  np.testing.assert_array_equal(rows[gone_at + 1:gone_at + 10].sum(axis=1),
+                                2)
+  # Taken back: every later update averages W = 3 gradients again.
+  np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
+
+
+@pytest.mark.timeout(300)
+def test_killed_worker_restarted_is_taken_back_at_its_hooks_start(gone_job):
+  last_step = 200
+  job = gone_job(last_step=last_step, delay=0.02)
+  job.hold()
+  _start(job)
+  job.release()
+  job.wait_step(10)
+  support.kill_group(job.procs[("worker", 2)])
+  support.wait_until(lambda: _lines(job, "is gone"),
+                     timeout=GONE_SECS + SLACK_SECS + 30,
+                     what="the chief's line declaring worker 2 gone",
+                     interval=0.1)
+  # The live workers wait while it restarts (a TensorFlow import on a
+  # loaded machine must not decide whether training ends first).
+  job.hold()
+  job.start("worker", 2)
+  job.wait_ready("worker", 2, count=2, timeout=90)
+  support.wait_until(lambda: _lines(job, "is back"), timeout=30,
+                     what="the chief's line taking worker 2 back",
+                     interval=0.1)
+  back_at = int(job.read_when_up("global_step"))
+  job.release()
+  _finish(job, [0, 1, 2])
+  back = _lines(job, "is back")
+  assert len(back) == 1, back
+  assert "worker key 2 is back (its hook started again)" in back[0], back
+  rows = _gradients_per_update(job, last_step)
+  np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
