@@ -458,8 +458,9 @@ def log_done(ends, *, batches, done, is_chief):
 
 
 def read_done(sess, ends):
-  """The keys of the workers whose input ended; None without a ``data_end``
-  policy (``ends`` None) or when the record cannot be read."""
+  """The keys of the workers whose input ended (and of those gone:
+  ``worker_gone_secs``); None without a ``data_end`` policy (``ends`` None)
+  or when the record cannot be read."""
   if ends is None:
     return None
   try:
