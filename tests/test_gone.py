@@ -179,3 +179,16 @@ def test_killed_worker_restarted_is_taken_back_at_its_hooks_start(gone_job):
   assert "worker key 2 is back (its hook started again)" in back[0], back
   rows = _gradients_per_update(job, last_step)
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
+
+
+def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
+  from sync_replicas.cli import _job_state  # pylint: disable=g-import-not-at-top
+  manifest = {"tokens_per_step": 3, "total_num_replicas": 3,
+              "accumulators": [{"variable": "w", "device": "/job:ps/task:0",
+                                "sparse": False}]}
+  state = {"global_step": 7, "tokens": 0, "counts": [1], "starts": 1,
+           "needed": 1, "done": [0, 2], "gone": [2], "addresses": {}}
+  lines = _job_state.render(state, manifest)
+  assert ("  data end: 1 of 3 workers done, their input ended (keys 0)"
+          in lines), lines
+  assert "  lost: 1 of 3 workers gone (worker_gone_secs; keys 2)" in lines
