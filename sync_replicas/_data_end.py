@@ -46,6 +46,7 @@ import typing
 
 import tensorflow as tf
 
+from sync_replicas import _gone
 from sync_replicas import _step_record
 
 _LOG = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class DataEnd:
     self.done_count = self.done_keys = self.is_closed = None
     self._key = self._batches = self._announce = None
     self._restore_keys = self._restore_batches = self._restore = None
+    self.gone_marks = None
     #: Every worker's local step on the ps, for the chief's stall line.
     self.local_steps = _step_record.LocalStepRecord(
         shared_prefix=shared_prefix, total_num_replicas=total_num_replicas)
@@ -211,6 +213,8 @@ class DataEnd:
       self._restore = tf.raw_ops.LookupTableInsertV2(
           table_handle=table, keys=self._restore_keys,
           values=self._restore_batches, name="restore_done")
+      # worker_gone_secs' marks live in the same table.
+      self.gone_marks = _gone.Marks(self, table)
       # Whether the job already ended (the chief closed the token queue):
       # a worker's run then raises OutOfRange too, and its input may not be
       # over at all.
@@ -335,6 +339,15 @@ class DataEnd:
         options=tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
     self._keep(keys, batches)
 
+  def note(self, key, value=None):
+    """The chief's copy of the record: keeps ``key`` with ``value``, or
+    forgets it (None: a gone worker taken back, ``_gone``)."""
+    with self._seen_lock:
+      if value is None:
+        self._seen.pop(int(key), None)
+      else:
+        self._seen[int(key)] = int(value)
+
   def restore(self, session):
     """Puts back on the ps every worker this process saw done; returns the
     keys put back.
@@ -376,26 +389,6 @@ class DataEnd:
               "put back keys %s", len(keys), len(seen),
               ", ".join(str(k) for k in lost))
     return lost
-
-  def log_done(self, *, batches, done, is_chief):
-    """The one line a worker logs when its data ends."""
-    total = self.total_num_replicas
-    if self.policy == STOP_TOGETHER:
-      nxt = ("data_end=\"stop_together\": every worker stops now, at the "
-             "same global step; what the others pushed for the next update "
-             "is dropped")
-    elif done >= total:
-      nxt = "every worker is done: the job ends"
-    elif is_chief:
-      nxt = ("the chief keeps running updates (each needs %d gradients) "
-             "until the other %d worker(s) are done" % (
-                 self.need(done), total - done))
-    else:
-      nxt = ("the other %d worker(s) train on; each update now needs %d "
-             "gradients" % (total - done, self.need(done)))
-    _LOG.info("sync_replicas: %s: its data ended after %s train steps; %d of "
-              "%d workers done; %s", self.who,
-              "?" if batches is None else batches, done, total, nxt)
 
   def wait_for_the_others(self, session, *, global_step, should_stop,
                           no_progress_secs, log_secs,
@@ -442,9 +435,32 @@ class DataEnd:
     return False
 
 
+def log_done(ends, *, batches, done, is_chief):
+  """The one line a worker logs when its data ends (``ends``: its
+  ``DataEnd``)."""
+  total = ends.total_num_replicas
+  if ends.policy == STOP_TOGETHER:
+    nxt = ("data_end=\"stop_together\": every worker stops now, at the "
+           "same global step; what the others pushed for the next update "
+           "is dropped")
+  elif done >= total:
+    nxt = "every worker is done: the job ends"
+  elif is_chief:
+    nxt = ("the chief keeps running updates (each needs %d gradients) "
+           "until the other %d worker(s) are done" % (
+               ends.need(done), total - done))
+  else:
+    nxt = ("the other %d worker(s) train on; each update now needs %d "
+           "gradients" % (total - done, ends.need(done)))
+  _LOG.info("sync_replicas: %s: its data ended after %s train steps; %d of "
+            "%d workers done; %s", ends.who,
+            "?" if batches is None else batches, done, total, nxt)
+
+
 def read_done(sess, ends):
-  """The keys of the workers whose input ended; None without a ``data_end``
-  policy (``ends`` None) or when the record cannot be read."""
+  """The keys of the workers whose input ended (and of those gone:
+  ``worker_gone_secs``); None without a ``data_end`` policy (``ends`` None)
+  or when the record cannot be read."""
   if ends is None:
     return None
   try:
@@ -535,7 +551,7 @@ class AnnouncesDataEnd:
       return
     if is_chief is None:
       is_chief = opt.get_chief_queue_runner().serving
-    ends.log_done(batches=batches, done=done, is_chief=is_chief)
+    log_done(ends, batches=batches, done=done, is_chief=is_chief)
     if (not is_chief or ends.policy != TRAIN_ALL
         or ends.all_done(done)):
       return

@@ -290,8 +290,9 @@ def read_ops(manifest):
       table = tf.raw_ops.MutableHashTableV2(
           shared_name=manifest["done_workers"], use_node_name_sharing=False,
           key_dtype=tf.int64, value_dtype=tf.int64)
+      # Keys and values: a gone worker's value is _gone.GONE.
       done = tf.raw_ops.LookupTableExportV2(
-          table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64)[0]
+          table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64)
       # Beside it, the workers' task addresses (_step_record's table).
       addresses = tf.raw_ops.LookupTableExportV2(
           table_handle=tf.raw_ops.MutableHashTableV2(

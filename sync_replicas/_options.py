@@ -16,6 +16,7 @@ from sync_replicas import _checks
 from sync_replicas import _prefetch
 from sync_replicas import _rewired_reads
 from sync_replicas import _data_end
+from sync_replicas import _gone
 from sync_replicas import _timeline
 from sync_replicas import _tokens
 from sync_replicas import _transfer
@@ -152,6 +153,17 @@ class Options:
       ``pack_variable_reads`` says. The constructor's None (default) reads
       the environment variable ``SYNC_REPLICAS_PREFETCH_VARIABLE_READS``
       (1 or 0; unset: False).
+    worker_gone_secs: Not in stock. A number of seconds: a worker whose
+      gradient an update has waited for this long, and whose task does not
+      answer (refused, silent or unreachable), is declared gone (one log
+      line on the chief); from then on an update needs
+      ``min(replicas_to_aggregate, workers neither done nor gone)``
+      gradients, as for a done worker. It is taken back when its task starts
+      again or pushes again (one log line). Needs ``data_end="train_all"``.
+      None (stored when off): wait for it, as stock does. The constructor's
+      None (default) reads the environment variable
+      ``SYNC_REPLICAS_WORKER_GONE_SECS`` (seconds; unset or empty: off).
+      See docs/operations.md.
   """
 
   replicas_to_aggregate: int
@@ -177,6 +189,7 @@ class Options:
   data_end: str = _data_end.TRAIN_ALL
   transfer_dtype: Any = None
   prefetch_variable_reads: bool = False
+  worker_gone_secs: Optional[float] = None
 
   @property
   def tokens_per_step(self) -> int:
@@ -234,7 +247,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
                  statistics_log_steps, one_gradient_per_worker, worker_index,
                  min_replicas_to_aggregate, aggregation_deadline_secs,
                  timeline_dir, pack_variable_reads, data_end, transfer_dtype,
-                 prefetch_variable_reads, **unchecked):
+                 prefetch_variable_reads, worker_gone_secs, **unchecked):
   """Raises for the first bad option, in the constructor's order."""
   del unchecked  # Flags taken as bool(); sparse_reduction in make().
   _seconds_or_none("stall_log_secs", stall_log_secs)
@@ -252,6 +265,7 @@ def check_extras(r, t, *, variable_averages, variables_to_average,
   _timeline.directory_from(timeline_dir)
   _rewired_reads.enabled_from(pack_variable_reads)
   _data_end.check(data_end, prompt_stop=prompt_stop)
+  _gone.secs_from(worker_gone_secs, data_end=data_end)
   _transfer.dtype_from(transfer_dtype)
   _prefetch.check_with_packing(prefetch_variable_reads, pack_variable_reads)
 
@@ -280,5 +294,7 @@ def make(r, t, **extras):
           or _prefetch.enabled_from(extras["prefetch_variable_reads"])),
       prefetch_variable_reads=_prefetch.enabled_from(
           extras["prefetch_variable_reads"]),
-      transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]))
+      transfer_dtype=_transfer.dtype_from(extras["transfer_dtype"]),
+      worker_gone_secs=_gone.secs_from(extras["worker_gone_secs"],
+                                       data_end=extras["data_end"]))
   return Options(replicas_to_aggregate=r, total_num_replicas=t, **values)

@@ -359,8 +359,9 @@ class _DoneWatch:
         if self._quit.is_set():
           return
         self.switching.set()
-      _LOG.info("sync_replicas: %d worker(s) done: the sync loop leaves "
-                "its blocked take and polls from now on", done)
+      _LOG.info("sync_replicas: %d worker(s) done (or gone: "
+                "worker_gone_secs): the sync loop leaves its blocked take "
+                "and polls from now on", done)
       self._session = self._loop_sess.renew()  # None: closed for good.
       self._renewed.set()
       return
@@ -398,6 +399,8 @@ class BlockingLoop:
   by_deadline = None
   #: Workers that are done change nothing.
   data_end = None
+  #: No worker is declared gone (worker_gone_secs needs a data_end record).
+  gone = None
 
   def run_remote(self, runner, loop_sess, coord, in_flight):
     sess = loop_sess.session
@@ -451,12 +454,15 @@ class PollingLoop:
       deadline applies.
     secs: The deadline, counted from the last update; None: no deadline.
     num_required: With a deadline, the placeholder of ``by_deadline``.
+    gone: With ``worker_gone_secs``, the ``_gone.Watches`` that make the
+      chief's watch for gone workers beside the loop; else None.
   """
 
   def __init__(self, feeds, *, replicas_to_aggregate, data_end=None,
-               min_replicas=None, secs=None, num_required=None):
+               min_replicas=None, secs=None, num_required=None, gone=None):
     self.feeds = list(feeds)
     self.data_end = data_end
+    self.gone = gone
     self.min_replicas = min_replicas
     self.secs = secs
     self._full = replicas_to_aggregate
@@ -652,9 +658,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
 
   def __init__(self, token_queue, sync_op, *, status, global_step,
                replicas_to_aggregate, local_step=None, prompt_stop=True,
-               stall_log_secs=60.0,
-               stall_timeout_secs=None, extra_close_op=None, loop=None,
-               timeline=None, clock=time.monotonic):
+               stall_log_secs=60.0, stall_timeout_secs=None,
+               extra_close_op=None, loop=None, timeline=None,
+               clock=time.monotonic):
     with _compat.quiet_deprecations():
       super().__init__(token_queue, [sync_op])
     # Closed with the token queue on stop: the workers' own token queues.
@@ -667,8 +673,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self.global_step = global_step
     self.clock = clock
     self._local_step = local_step
-    self._local_steps = (
-        None if local_step is None else
+    self._local_steps = None if local_step is None else (
         _diagnose.LocalStepReader(_diagnose.local_step_spec(local_step)))
     self.replicas_to_aggregate = replicas_to_aggregate
     self._prompt_stop = prompt_stop
@@ -678,8 +683,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self._guard = threading.Lock()
     self._finished = threading.Condition(self._guard)
     self._run_states = {}  # Session -> its hook's ChiefRunState.
-    # Held while an update is applied, and by a checkpoint save once a
-    # checkpoint listener exists: no save sees half an update.
+    # Held by an update, and by a save once a checkpoint listener exists.
     self.updates = _saves.UpdateLock(prompt_stop=prompt_stop)
     # Set when data_end="stop_together" ended the job: the stop closes the
     # token queue even while the chief's own run waits for a token.
@@ -752,6 +756,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       threads = super().create_threads(sess, coord=coord)
     else:
       threads = self._prompt_threads(sess, coord)
+    if coord is not None and threads and self._loop.gone is not None:
+      threads += self._loop.gone.threads(sess, coord)  # worker_gone_secs
     if (coord is not None and threads
         and (self._stall_log_secs or self._stall_timeout_secs)):
       threads.append(threading.Thread(

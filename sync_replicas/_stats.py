@@ -310,13 +310,15 @@ class Statistics:
             lambda v=var: v.assign(tf.zeros([], v.dtype)).read_value()))
       return tf.group(*ops, name="init_cluster_counters")
 
-  def finish(self, status, *, workers_done=None):
+  def finish(self, status, *, workers_done=None, workers_gone=None):
     """Builds the summaries and the tensors the hook logs.
 
     Args:
       status: The ``_status.StatusOps`` (pending gradients, queued tokens).
       workers_done: With a ``data_end`` policy, the count of workers whose
         input ended (``chief/workers_done``); None: no such scalar.
+      workers_gone: With ``worker_gone_secs``, the count of workers declared
+        gone (``chief/workers_gone``); None: no such scalar.
     """
     with self._under_scope(self._ps_device):
       c = self._cluster
@@ -340,6 +342,8 @@ class Statistics:
         chief["deadline_updates"] = c["deadline_updates"].read_value()
       if workers_done is not None:
         chief["workers_done"] = tf.cast(workers_done, tf.int64)
+      if workers_gone is not None:
+        chief["workers_gone"] = tf.cast(workers_gone, tf.int64)
     tensors = {}
     with self._under_scope(self._worker_device):
       for k in WORKER_COUNTERS:
@@ -347,7 +351,8 @@ class Statistics:
     with self._under_scope(self._ps_device):
       for k in CLUSTER_COUNTERS:
         tensors["cluster/" + k] = c[k].read_value()
-    optional = tuple(k for k in ("deadline_updates", "workers_done")
+    optional = tuple(k for k in ("deadline_updates", "workers_done",
+                                 "workers_gone")
                      if k in chief)
     for k in CHIEF_SCALARS + optional:
       tensors["chief/" + k] = chief[k]
@@ -389,8 +394,8 @@ class NoStatistics:
   def init_ops(self):
     return []
 
-  def finish(self, status, *, workers_done=None):
-    del status, workers_done
+  def finish(self, status, *, workers_done=None, workers_gone=None):
+    del status, workers_done, workers_gone
 
 
 def build(enabled, **kwargs):
@@ -440,6 +445,8 @@ def format_line(values, *, is_chief):
       line += " deadline_updates=%d" % values["chief/deadline_updates"]
     if "chief/workers_done" in values:
       line += " workers_done=%d" % values["chief/workers_done"]
+    if "chief/workers_gone" in values:
+      line += " workers_gone=%d" % values["chief/workers_gone"]
   return line
 
 

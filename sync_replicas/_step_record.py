@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import time
 import urllib.parse
 
 import tensorflow as tf
@@ -59,6 +60,7 @@ class LocalStepRecord:
     self._insert = self._train_runs = None
     self._addresses = self._address = self._address_insert = None
     self._address_export = self._device_of_worker = None
+    self._started = self._start_insert = None
 
   def build(self, *, device, scope, key, worker_device=None):
     """The tables, on ``device`` in ``scope``; ``key``: this worker's;
@@ -84,6 +86,13 @@ class LocalStepRecord:
           table_handle=self._addresses,
           keys=tf.constant([key], tf.int64),
           values=tf.reshape(self._address, [1]), name="record_address")
+      # The session's start, as a fresh negative step: the chief's watch
+      # for gone workers sees the record change (_gone).
+      self._started = tf.compat.v1.placeholder(tf.int64, [],
+                                               name="session_started")
+      self._start_insert = tf.raw_ops.LookupTableInsertV2(
+          table_handle=self._table, keys=tf.constant([key], tf.int64),
+          values=tf.reshape(self._started, [1]), name="record_start")
       self._address_export = tf.raw_ops.LookupTableExportV2(
           table_handle=self._addresses, Tkeys=tf.int64, Tvalues=tf.string,
           name="addresses_export")
@@ -99,6 +108,12 @@ class LocalStepRecord:
           values=tf.reshape(tf.cast(token, tf.int64), [1]),
           name="record_local_step")
     self._train_runs = _train_runs.TrainRuns(train_op)
+
+  @property
+  def export(self):
+    """The record's ``(keys, steps)``; a step below 0 is a session's start
+    before its first train run."""
+    return self._export
 
   def fetches_for(self, fetches):
     """The insert if a run of ``fetches`` trains, else None (fetched in
@@ -124,7 +139,9 @@ class LocalStepRecord:
       return None
     if not len(keys):
       return None
-    found = {int(k): int(v) for k, v in zip(keys, steps, strict=True)}
+    # A negative step is a session's start (record_address): no step yet.
+    found = {int(k): int(v) for k, v in zip(keys, steps, strict=True)
+             if int(v) >= 0}
     done = {int(k) for k in done_keys or ()}
     every = set(found) | done
     if all(0 <= k < self._total for k in every):
@@ -134,8 +151,10 @@ class LocalStepRecord:
         done=k in done) for k in sorted(every)]
 
   def record_address(self, session, *, environ=None):
-    """Records this worker's task address under its key; the hook calls it
-    at each session's start. Best effort: a failure is logged at debug."""
+    """Records this worker's task address under its key, and the
+    session's start in the local-step record (a fresh negative value, which
+    takes a gone worker back: ``_gone``); the hook calls it at each
+    session's start. Best effort: a failure is logged at debug."""
     # A session-like object without a target (a user's wrapper, a test's
     # recorder) still gets TF_CONFIG's address, or none.
     address = task_address(getattr(session, "sess_str", None),
@@ -143,7 +162,9 @@ class LocalStepRecord:
     if address is None or self._address_insert is None:
       return
     try:
-      session.run(self._address_insert, feed_dict={self._address: address},
+      session.run([self._address_insert, self._start_insert],
+                  feed_dict={self._address: address,
+                             self._started: -1 - time.time_ns() // 1000},
                   options=tf.compat.v1.RunOptions(
                       timeout_in_ms=READ_TIMEOUT_MS))
     except tf.errors.OpError as e:

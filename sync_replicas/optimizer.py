@@ -31,6 +31,7 @@ from sync_replicas import _averages
 from sync_replicas import _checks
 from sync_replicas import _compat
 from sync_replicas import _data_end
+from sync_replicas import _gone
 from sync_replicas import _keras
 from sync_replicas import _manifest
 from sync_replicas import _options
@@ -117,6 +118,7 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
                averages_before_tokens: bool = False,
                combine_sparse_duplicates: bool = False,
                sparse_reduction: str = "row_mean", data_end: str = "train_all",
+               worker_gone_secs: "float | None" = None,
                one_gradient_per_worker: bool = False,
                worker_index: "int | None" = None,
                min_replicas_to_aggregate: "int | None" = None,
@@ -139,8 +141,7 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
       variables_to_average: The variables to average.
       use_locking: Passed to the base Optimizer (unused, as in stock).
       name: The name scope of the accumulator ops.
-      **options: Not in stock, keyword-only; each is documented in
-        ``sync_replicas._options.Options`` and docs/options.md.
+      **options: Not in stock, keyword-only (``_options.Options``, options.md).
 
     Raises:
       ValueError: For a bad replica count, a ``variable_averages`` without
@@ -507,7 +508,22 @@ class _Build:
         data_end=self.data_end if self.data_end.enabled else None,
         min_replicas=self.o.min_replicas_to_aggregate,
         secs=self.o.aggregation_deadline_secs,
-        num_required=self.num_required if self.o.has_deadline else None)
+        num_required=self.num_required if self.o.has_deadline else None,
+        gone=_gone.make_watches(
+            self.o.worker_gone_secs,
+            ends=self.data_end if self.data_end.enabled else None,
+            global_step=self.global_step, local_step=self.local_step,
+            token=self.token_for_a_return()))
+
+  def token_for_a_return(self):
+    """With ``worker_gone_secs`` and the shared token queue: one token of
+    the current step, which the chief enqueues when a gone worker is taken
+    back at a push (that push's token came from a release cut to the
+    others); None otherwise (a worker's own queue gets every release)."""
+    if not self.o.worker_gone_secs or not self.data_end.shared_tokens:
+      return None
+    return self.tokens.initial_fill(
+        self.global_step, 1, encode=self.generations.encode, after=list)
 
   def gradient_routes(self, grads_and_vars):
     """Every gradient's accumulator, its push and its take."""
@@ -572,8 +588,14 @@ class _Build:
         replicas_to_aggregate=self.o.replicas_to_aggregate,
         token_device=self.global_step.device, scope=self.scope,
         starts=self.generations.starts)
-    self.stats.finish(self.status, workers_done=(
-        self.data_end.done_count if self.data_end.enabled else None))
+    done = gone = None
+    if self.data_end.enabled:
+      done = self.data_end.done_count
+    if self.o.worker_gone_secs:
+      # The record holds the gone workers' marks beside the done ones.
+      gone = self.data_end.gone_marks.count
+      done = done - gone
+    self.stats.finish(self.status, workers_done=done, workers_gone=gone)
     runner_op = self.stats.count_update(self.sync_op,
                                         by_deadline=self.loop.by_deadline)
     # Stock's QueueRunner(token_queue, [sync_op]), made to stop promptly.

@@ -152,7 +152,9 @@ def _worker(spec):
         replicas_to_aggregate=replicas, total_num_replicas=workers,
         # With shards, the chief's stall line says who is done and every
         # worker's local step, should the job wait for a worker.
-        stall_log_secs=10 if shards is not None else None)
+        stall_log_secs=10 if shards is not None else None,
+        # A test's own options (test_gone: worker_gone_secs).
+        **spec.get("opt_kwargs", {}))
     grads = [(trace_grad, trace), (tf.gradients(loss, w)[0], w)]
     train_op = opt.apply_gradients(grads, global_step=global_step)
   is_chief = task == 0

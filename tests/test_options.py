@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import support
+from sync_replicas import _gone
 from sync_replicas import _options
 from sync_replicas import _prefetch
 from sync_replicas import _rewired_reads
@@ -65,6 +66,7 @@ def test_the_constructors_defaults_are_the_documented_ones(graph,
   monkeypatch.delenv(_rewired_reads.ENV, raising=False)
   monkeypatch.delenv(_transfer.ENV, raising=False)
   monkeypatch.delenv(_prefetch.ENV, raising=False)
+  monkeypatch.delenv(_gone.ENV, raising=False)
   documented = _documented_defaults()
   params = inspect.signature(support.OURS.__init__).parameters.values()
   keyword_only = {p.name: p.default for p in params
@@ -98,3 +100,43 @@ def test_default_options_are_stock_but_for_the_documented_four(graph):
   support.OURS(support.sgd(), replicas_to_aggregate=2, prompt_stop=False,
                stall_log_secs=None, pack_gradient_transfers=False,
                data_end="stock")
+
+
+@pytest.mark.parametrize("value,words", [
+    (0, "worker_gone_secs must be a number of seconds > 0, got 0"),
+    (-1.5, "got -1.5"),
+    (True, "got True"),
+    ("5", "got '5'"),
+    (float("nan"), "got nan"),
+])
+def test_worker_gone_secs_refuses_what_is_not_seconds(graph, value, words):
+  del graph
+  with pytest.raises(ValueError, match=re.escape(words)) as e:
+    support.OURS(support.sgd(), replicas_to_aggregate=2,
+                 worker_gone_secs=value)
+  assert "or None (the default) to wait for it" in str(e.value)
+
+
+def test_worker_gone_secs_needs_train_all_and_reads_its_variable(
+    graph, monkeypatch):
+  del graph
+  with pytest.raises(ValueError, match=re.escape(
+      "worker_gone_secs=5 needs data_end=\"train_all\" (the default), got "
+      "data_end='stop_together'")):
+    support.OURS(support.sgd(), replicas_to_aggregate=2, worker_gone_secs=5,
+                 data_end="stop_together")
+  monkeypatch.setenv(_gone.ENV, "2.5")
+  assert support.OURS(support.sgd(), replicas_to_aggregate=2).options == (
+      _options.Options(2, 2, worker_gone_secs=2.5))
+  # The argument wins over the environment.
+  assert support.OURS(support.sgd(), replicas_to_aggregate=2,
+                      worker_gone_secs=7).options.worker_gone_secs == 7.0
+  monkeypatch.setenv(_gone.ENV, "soon")
+  with pytest.raises(ValueError, match=re.escape(
+      "%s must be a number of seconds > 0, got 'soon'" % _gone.ENV)):
+    support.OURS(support.sgd(), replicas_to_aggregate=2)
+  # With data_end="stock" the variable is refused as clearly.
+  monkeypatch.setenv(_gone.ENV, "3")
+  with pytest.raises(ValueError, match="SYNC_REPLICAS_WORKER_GONE_SECS=3.0 "
+                     "needs data_end"):
+    support.OURS(support.sgd(), replicas_to_aggregate=2, data_end="stock")

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from sync_replicas import _data_end
 from sync_replicas import _diagnose
+from sync_replicas import _gone
 from sync_replicas import _lost
 from sync_replicas import _manifest
 from sync_replicas.cli import _cli
@@ -28,8 +29,11 @@ def snapshot(sess, ops, manifest):
   step, tokens, counts = sess.run(
       [ops.global_step, ops.tokens, ops.num_accumulated])
   starts = None if ops.starts is None else int(sess.run(ops.starts))
-  done = (None if ops.done_workers is None
-          else sorted(int(k) for k in sess.run(ops.done_workers)))
+  done = gone = None
+  if ops.done_workers is not None:
+    keys, values = sess.run(ops.done_workers)
+    done = sorted(int(k) for k in keys)  # As the updates count them.
+    gone = _gone.gone_keys(keys, values)
   addresses = {}
   if ops.addresses is not None:
     keys, values = sess.run(ops.addresses)
@@ -41,7 +45,8 @@ def snapshot(sess, ops, manifest):
     needed = max(0, min(needed, manifest["tokens_per_step"] - len(done)))
   return {"global_step": int(step), "tokens": int(tokens),
           "counts": [int(c) for c in counts], "starts": starts,
-          "needed": needed, "done": done, "addresses": addresses}
+          "needed": needed, "done": done, "gone": gone,
+          "addresses": addresses}
 
 
 def replicas(state, manifest, reader, target, timeout):
@@ -97,8 +102,13 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
       replicas_to_aggregate=needed, global_step=state["global_step"])
   lines.append("  next: " + verdict)
   if state.get("done") is not None:
+    gone = state.get("gone") or []
     lines.append("  data end: " + _data_end.done_clause(
-        state["done"], total_num_replicas=manifest["total_num_replicas"]))
+        [k for k in state["done"] if k not in gone],
+        total_num_replicas=manifest["total_num_replicas"]))
+    if gone:
+      lines.append("  lost: " + _gone.clause(
+          gone, total_num_replicas=manifest["total_num_replicas"]))
   if replicas_line:
     lines.append("  replicas: " + replicas_line)
   if stalled_secs is not None and stall_secs and stalled_secs >= stall_secs:
