@@ -111,22 +111,30 @@ def _prepare(grads_and_vars, fused, *, combine_sparse_duplicates):
   return prepared
 
 
-def _push_gate(grads_and_vars, *, options, scope):
-  """The control inputs of every push: none, or with a ``data_end`` policy
-  one group of every gradient of the run, so that no push runs before
-  they are all computed.
+#: Ops whose OutOfRangeError ends a worker's input (a dataset's iterator, an
+#: input queue, a reader, a Python function such as a generator's).
+_INPUT_OPS = frozenset({
+    "IteratorGetNext", "IteratorGetNextSync",
+    "MultiDeviceIteratorGetNextFromShard",
+    "QueueDequeue", "QueueDequeueV2", "QueueDequeueMany",
+    "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
+    "ReaderRead", "ReaderReadV2", "ReaderReadUpTo", "ReaderReadUpToV2",
+    "PyFunc", "PyFuncStateless", "EagerPyFunc",
+})
 
-  A worker's run whose input ended raises before it pushes anything.
-  Without the gate a gradient that does not depend on the input (a
-  regularizer's, a bias with no data path) is still pushed, into its own
-  accumulator alone; the chief's loop, which counts one accumulator, may
-  then release an update whose take completes on that variable and waits
-  forever on another (the hang at 16 workers and 2 ps: docs/data_end.md).
-  One group on the worker, in our scope, and one control edge per push: no
-  stock op gains or loses an input.
-  """
-  if options.data_end == _data_end.STOCK:
-    return []
+#: Ops that run a part of the graph conditionally, in a loop or in a
+#: function: a control edge from inside them is not one from a plain op (a
+#: branch not taken would never release the push), and a function hides
+#: its input ops from the walk.
+_CONTROL_FLOW_OPS = frozenset({
+    "Switch", "RefSwitch", "Merge", "RefMerge", "Enter", "RefEnter",
+    "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond",
+    "If", "StatelessIf", "While", "StatelessWhile", "Case",
+    "StatelessCase", "PartitionedCall", "StatefulPartitionedCall",
+})
+
+
+def _gradient_tensors(grads_and_vars):
   tensors = []
   for grad, _ in grads_and_vars:
     if grad is None:
@@ -135,10 +143,60 @@ def _push_gate(grads_and_vars, *, options, scope):
       tensors.extend([grad.values, grad.indices])
     else:
       tensors.append(grad)
+  return tensors
+
+
+def _input_ops(tensors):
+  """The input ops the ``tensors`` depend on, or None where the walk meets
+  control flow or a function call (it cannot tell then)."""
+  found, seen = [], set()
+  stack = [t.op for t in tensors]
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.type in _CONTROL_FLOW_OPS:
+      return None
+    if op.type in _INPUT_OPS:
+      found.append(op)
+      continue  # Beyond it: its iterator, queue or reader handle.
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return sorted(found, key=lambda op: op.name)
+
+
+def _push_gate(grads_and_vars, *, options, scope):
+  """The control inputs of every push (none with ``data_end="stock"``):
+  the input ops of the run, so that a run whose input ended pushes nothing.
+
+  Without a gate a gradient that does not depend on the input (a
+  regularizer's, a bias with no data path) was still pushed by the run whose
+  input ended, into its own accumulator alone; the chief's loop, which counts
+  one accumulator, could then release an update whose take completed on that
+  variable and waited forever on another (the hang at 16 workers and 2 ps:
+  docs/data_end.md). Gating on the input ops (a dataset's ``get_next``, an
+  input queue's dequeue: what raises when the input ends) costs nothing: they
+  run first in a step, and every push still starts as soon as its gradient
+  is ready. A run with no input op (fed placeholders, constants) cannot end
+  on its data: no gate. Where the walk cannot tell (control flow, a
+  function call on the way) the gate is every gradient computed, which
+  holds each push until the backward pass ends. One group on the worker, in
+  our scope, and one control edge per push: no stock op gains or loses an
+  input.
+  """
+  if options.data_end == _data_end.STOCK:
+    return []
+  tensors = _gradient_tensors(grads_and_vars)
   if not tensors:
     return []
+  inputs = _input_ops(tensors)
+  if inputs == []:
+    return []
   with tf.compat.v1.name_scope(scope):
-    return [tf.group(*tensors, name="gradients_computed")]
+    if inputs is None:
+      return [tf.group(*tensors, name="gradients_computed")]
+    return [tf.group(*inputs, name="input_read")]
 
 
 def build(grads_and_vars, *, options, stats, name, prefix, scope,
