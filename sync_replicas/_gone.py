@@ -230,7 +230,7 @@ class GoneWatch:
   def _take_back(self, sess, record, steps):
     """Takes back each gone worker whose local-step record changed since it
     was declared; returns their keys. ``record``: the done record."""
-    gone = {k for k, v in record.items() if v == GONE}
+    gone = set(gone_keys(record, record.values()))
     for key in sorted(gone):
       # Marks this process did not make (a chief that restarted): the
       # record as it is now is what a return must change.

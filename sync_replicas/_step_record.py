@@ -130,15 +130,10 @@ class LocalStepRecord:
     When every key is a task index (below ``total_num_replicas``), a
     worker that never finished a train step is listed too.
     """
-    try:
-      keys, steps = session.run(
-          self._export,
-          options=tf.compat.v1.RunOptions(timeout_in_ms=READ_TIMEOUT_MS))
-    except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("reading the workers' local steps on the ps failed: %s", e)
+    read = _read_table(session, self._export, "the workers' local steps")
+    if read is None or not len(read[0]):
       return None
-    if not len(keys):
-      return None
+    keys, steps = read
     # A negative step is a session's start (record_address): no step yet.
     found = {int(k): int(v) for k, v in zip(keys, steps, strict=True)
              if int(v) >= 0}
@@ -175,15 +170,23 @@ class LocalStepRecord:
     table cannot be read."""
     if self._address_export is None:
       return {}
-    try:
-      keys, values = session.run(
-          self._address_export,
-          options=tf.compat.v1.RunOptions(timeout_in_ms=READ_TIMEOUT_MS))
-    except Exception as e:  # pylint: disable=broad-except
-      _LOG.debug("reading the workers' addresses on the ps failed: %s", e)
+    read = _read_table(session, self._address_export,
+                       "the workers' addresses")
+    if read is None:
       return {}
     return {int(k): v.decode("utf-8")
-            for k, v in zip(keys, values, strict=True)}
+            for k, v in zip(*read, strict=True)}
+
+
+def _read_table(session, export, what):
+  """``(keys, values)`` of a table's ``export``, in one bounded run; None
+  (logged at debug) if it cannot be read: the readers are best effort."""
+  try:
+    return session.run(
+        export, options=tf.compat.v1.RunOptions(timeout_in_ms=READ_TIMEOUT_MS))
+  except Exception as e:  # pylint: disable=broad-except
+    _LOG.debug("reading %s on the ps failed: %s", what, e)
+    return None
 
 
 #: What the done record's shared name ends with (``_data_end.DataEnd``).
