@@ -93,6 +93,44 @@ def with_keras(environ=None):
   return _off_pythonpath(TASKS_HIDDEN, environ)
 
 
+#: A stock script's model, unchanged (stock's class, none of our options),
+#: that ``run_unchanged_script`` follows with the lines printing what a test
+#: checks.
+UNCHANGED_SCRIPT = """
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+with tf.compat.v1.device("/job:ps/task:0"):
+  step = tf.compat.v1.train.get_or_create_global_step()
+  w = tf.compat.v1.get_variable("w", [3])
+  b = tf.compat.v1.get_variable("b", [2])
+with tf.compat.v1.device("/job:worker/task:0"):
+  loss = tf.reduce_sum(w * w) + tf.reduce_sum(b * b)
+  opt = tf.compat.v1.train.SyncReplicasOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1),
+      replicas_to_aggregate=2)
+  opt.minimize(loss, global_step=step)
+"""
+
+
+def run_unchanged_script(tmp_path, prints, *, env, unset=()):
+  """Builds ``UNCHANGED_SCRIPT`` + ``prints`` under ``python -m
+  sync_replicas.patch`` with the variables ``env`` set and ``unset``
+  removed (the options an unchanged script gets from the environment);
+  returns the finished process, checked to exit 0."""
+  script = tmp_path / "train.py"
+  script.write_text(UNCHANGED_SCRIPT + prints)
+  environ = dict(os.environ, PYTHONPATH=pythonpath(TOOLS.parent),
+                 TF_CPP_MIN_LOG_LEVEL="2", **env)
+  for name in unset:
+    environ.pop(name, None)
+  done = subprocess.run(
+      [sys.executable, "-m", "sync_replicas.patch", str(script)],
+      capture_output=True, text=True, env=environ, timeout=120,
+      stdin=subprocess.DEVNULL, check=False)
+  assert done.returncode == 0, done.stderr[-4000:]
+  return done
+
+
 def load_tool(name):
   """tools/<name>, a script without a .py suffix, imported as a module."""
   loader = importlib.machinery.SourceFileLoader(name, str(TOOLS / name))

@@ -16,6 +16,7 @@ the same user and from root, and refused to another user. Every process
 group is killed in a finally block.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -160,6 +161,21 @@ def _real_uid(pid):
     return int(next(l for l in f if l.startswith("Uid:")).split()[1])
 
 
+@contextlib.contextmanager
+def _readable_copy(prefix):
+  """A copy of the launcher and the package in a new temporary directory
+  that every user may read (and enter): pytest's tmp_path and the checkout
+  may lie under a directory only their owner may enter."""
+  with tempfile.TemporaryDirectory(prefix=prefix) as copy:
+    copy = pathlib.Path(copy)
+    for folder in ("tools", "sync_replicas"):
+      shutil.copytree(ROOT / folder, copy / folder,
+                      ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [copy, *copy.rglob("*")]:
+      path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+    yield copy
+
+
 def _ordinary_user(copy):
   """(argv prefix, a Python it may run) for an ordinary user's launch.
 
@@ -246,13 +262,7 @@ def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
   # The ordinary user must read the launcher and the modules it loads by
   # path. pytest's tmp_path lies under a directory only its owner may enter,
   # and so may the checkout: a copy in a directory of this test's own.
-  with tempfile.TemporaryDirectory(prefix="sync_replicas_confine_") as copy:
-    copy = pathlib.Path(copy)
-    for folder in ("tools", "sync_replicas"):
-      shutil.copytree(ROOT / folder, copy / folder,
-                      ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [copy, *copy.rglob("*")]:
-      path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+  with _readable_copy("sync_replicas_confine_") as copy:
     prefix, python = _ordinary_user(copy)
     uid = ORDINARY_UID if prefix else os.getuid()
     gid = ORDINARY_UID if prefix else os.getgid()
@@ -469,13 +479,7 @@ def test_an_ordinary_users_hosts_launch_builds_its_hosts_in_its_user_namespace()
   # --hosts as an ordinary user: the user mapped to root in the launch's
   # user namespace (as unshare -r), so that ip and tc may build the bridge,
   # the hosts and their shaped links there; each task on its own address.
-  with tempfile.TemporaryDirectory(prefix="sync_replicas_hosts_") as copy:
-    copy = pathlib.Path(copy)
-    for folder in ("tools", "sync_replicas"):
-      shutil.copytree(ROOT / folder, copy / folder,
-                      ignore=shutil.ignore_patterns("__pycache__"))
-    for path in [copy, *copy.rglob("*")]:
-      path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+  with _readable_copy("sync_replicas_hosts_") as copy:
     prefix, python = _ordinary_user(copy)
     proc = subprocess.run(
         prefix + [python, str(copy / "tools" / "launch"), "--hosts", "2",

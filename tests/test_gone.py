@@ -37,6 +37,24 @@ def _start(job):
     job.wait_ready("worker", task)
 
 
+def _running_job(gone_job, last_step):
+  """1 ps and 3 workers, all up before any of them trains."""
+  job = gone_job(last_step=last_step, delay=0.02)
+  job.hold()  # Nobody trains before all three are up.
+  _start(job)
+  job.release()
+  return job
+
+
+def _lines(job, words):
+  return [line for line in job.log("worker", 0).splitlines() if words in line]
+
+
+def _wait_for_line(job, words, what, timeout):
+  support.wait_until(lambda: _lines(job, words), timeout=timeout,
+                     what="the chief's line " + what, interval=0.1)
+
+
 def _gradients_per_update(job, until):
   """Row s: which workers' gradients the update to step s + 1 averaged."""
   return job.read_when_up("trace")[:until] != 0
@@ -70,10 +88,7 @@ def _gone_job(tmp_path):
 def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
     gone_job):
   last_step = 60
-  job = gone_job(last_step=last_step, delay=0.02)
-  job.hold()  # Nobody trains before all three are up.
-  _start(job)
-  job.release()
+  job = _running_job(gone_job, last_step)
   support.wait_until(lambda: job.read("trace")[:, 2].sum() > 0, timeout=90,
                      what="worker 2's first applied gradient", interval=0.1)
   job.wait_step(10)
@@ -84,9 +99,8 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
   job.wait_step(last_step, timeout=GONE_SECS + SLACK_SECS + 60)
   took = time.monotonic() - killed
   _finish(job, [0, 1])
-  chief_log = job.log("worker", 0)
-  gone = [line for line in chief_log.splitlines() if "is gone" in line]
-  assert len(gone) == 1, chief_log[-4000:]
+  gone = _lines(job, "is gone")
+  assert len(gone) == 1, job.log("worker", 0)[-4000:]
   assert "worker key 2 (/job:worker/replica:0/task:2 at %s) is gone" % (
       job.cluster["worker"][2]) in gone[0], gone
   assert "refuses connections" in gone[0], gone
@@ -101,10 +115,6 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
   assert took < GONE_SECS + SLACK_SECS + (last_step - killed_at) * 0.5, took
   print("killed at step %d; step %d reached %.1f s later" % (
       killed_at, last_step, took))
-
-
-def _lines(job, words):
-  return [line for line in job.log("worker", 0).splitlines() if words in line]
 
 
 #: The take-back tests' paths do not depend on TensorFlow's version: CI
@@ -124,25 +134,18 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
   SIGCONT after N steps: taken back at its push, and from then on every
   update averages all three workers' gradients again."""
   last_step = 200
-  job = gone_job(last_step=last_step, delay=0.02)
-  job.hold()
-  _start(job)
-  job.release()
+  job = _running_job(gone_job, last_step)
   job.wait_step(10)
   stopped = job.procs[("worker", 2)]
   os.killpg(stopped.pid, signal.SIGSTOP)
   try:
-    support.wait_until(lambda: _lines(job, "is gone"),
-                       timeout=GONE_SECS + SLACK_SECS + 30,
-                       what="the chief's line declaring worker 2 gone",
-                       interval=0.1)
+    _wait_for_line(job, "is gone", "declaring worker 2 gone",
+                   timeout=GONE_SECS + SLACK_SECS + 30)
     gone_at = int(job.read_when_up("global_step"))
     job.wait_step(gone_at + 10)  # N steps without it.
   finally:
     os.killpg(stopped.pid, signal.SIGCONT)
-  support.wait_until(lambda: _lines(job, "is back"), timeout=60,
-                     what="the chief's line taking worker 2 back",
-                     interval=0.1)
+  _wait_for_line(job, "is back", "taking worker 2 back", timeout=60)
   back_at = int(job.read_when_up("global_step"))
   assert back_at < last_step - 20, "trained too far before the return"
   for task in range(3):
@@ -165,24 +168,17 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
 @pytest.mark.timeout(300)
 def test_killed_worker_restarted_is_taken_back_at_its_hooks_start(gone_job):
   last_step = 200
-  job = gone_job(last_step=last_step, delay=0.02)
-  job.hold()
-  _start(job)
-  job.release()
+  job = _running_job(gone_job, last_step)
   job.wait_step(10)
   support.kill_group(job.procs[("worker", 2)])
-  support.wait_until(lambda: _lines(job, "is gone"),
-                     timeout=GONE_SECS + SLACK_SECS + 30,
-                     what="the chief's line declaring worker 2 gone",
-                     interval=0.1)
+  _wait_for_line(job, "is gone", "declaring worker 2 gone",
+                 timeout=GONE_SECS + SLACK_SECS + 30)
   # The live workers wait while it restarts (a TensorFlow import on a
   # loaded machine must not decide whether training ends first).
   job.hold()
   job.start("worker", 2)
   job.wait_ready("worker", 2, count=2, timeout=90)
-  support.wait_until(lambda: _lines(job, "is back"), timeout=30,
-                     what="the chief's line taking worker 2 back",
-                     interval=0.1)
+  _wait_for_line(job, "is back", "taking worker 2 back", timeout=30)
   back_at = int(job.read_when_up("global_step"))
   job.release()
   _finish(job, [0, 1, 2])

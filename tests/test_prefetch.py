@@ -18,10 +18,6 @@
   values refused.
 """
 
-import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -35,7 +31,6 @@ from sync_replicas import _rewired_reads
 pytestmark = pytest.mark.filterwarnings(
     "ignore::pytest.PytestUnhandledThreadExceptionWarning")
 LR = 0.25
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 _CLUSTER = support.SharedCluster(num_workers=3, num_ps=2)
 
 # test_parity's waves: which workers step together, and the global step the
@@ -356,20 +351,7 @@ def test_option_keyword_environment_and_bad_values(monkeypatch):
     make(prefetch_variable_reads=True, pack_variable_reads=False)
 
 
-_UNCHANGED_SCRIPT = """
-import tensorflow as tf
-tf.compat.v1.disable_eager_execution()
-with tf.compat.v1.device("/job:ps/task:0"):
-  step = tf.compat.v1.train.get_or_create_global_step()
-  w = tf.compat.v1.get_variable("w", [3])
-  b = tf.compat.v1.get_variable("b", [2])
-with tf.compat.v1.device("/job:worker/task:0"):
-  loss = tf.reduce_sum(w * w) + tf.reduce_sum(b * b)
-  opt = tf.compat.v1.train.SyncReplicasOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1),
-      replicas_to_aggregate=2)
-  opt.minimize(loss, global_step=step)
-print(type(opt).__module__,
+_PRINTS = """print(type(opt).__module__,
       [v.op.name for v in tf.compat.v1.local_variables()
        if "prefetched_values" in v.op.name])
 """
@@ -379,16 +361,9 @@ def test_an_unchanged_script_prefetches_from_the_environment(tmp_path):
   """``python -m sync_replicas.patch`` with the environment variable alone:
   stock's class in the script, ours built, w's and b's reads in one copy
   filled after the token."""
-  script = tmp_path / "train.py"
-  script.write_text(_UNCHANGED_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
-             TF_CPP_MIN_LOG_LEVEL="2", **{_prefetch.ENV: "1"})
-  env.pop(_rewired_reads.ENV, None)
-  done = subprocess.run(
-      [sys.executable, "-m", "sync_replicas.patch", str(script)],
-      capture_output=True, text=True, env=env, timeout=120,
-      stdin=subprocess.DEVNULL, check=False)
-  assert done.returncode == 0, done.stderr[-4000:]
+  done = support.run_unchanged_script(tmp_path, _PRINTS,
+                                     env={_prefetch.ENV: "1"},
+                                     unset=[_rewired_reads.ENV])
   assert done.stdout == (
       "sync_replicas.optimizer "
       "['sync_replicas_status/packed_reads/prefetched_values']\n"), (

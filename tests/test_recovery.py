@@ -353,6 +353,18 @@ def _trained(job, task):
   return [json.loads(l) for l in lines][-1]["runs"]
 
 
+def _finish_showing_the_chief(job, *, timeout, lines):
+  """``job.finish_workers``; on failure the chief's own last ``lines``
+  sync_replicas lines (its restore, its stall lines) say who waited."""
+  try:
+    job.finish_workers(timeout=timeout)
+  except (AssertionError, subprocess.TimeoutExpired) as e:
+    said = [l for l in job.log("worker", 0).splitlines()
+            if "sync_replicas:" in l]
+    raise AssertionError("%s\nthe chief's sync_replicas lines:\n%s"
+                         % (e, "\n".join(said[-lines:]))) from e
+
+
 @pytest.mark.timeout(400)
 def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
     job_factory):
@@ -389,14 +401,7 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   job.kill("ps", 0)
   job.start("ps", 0)
   job.release()
-  try:
-    job.finish_workers(timeout=240)
-  except (AssertionError, subprocess.TimeoutExpired) as e:
-    # The chief's own lines (its restore, its stall lines) say who waited.
-    lines = [l for l in job.log("worker", 0).splitlines()
-             if "sync_replicas:" in l]
-    raise AssertionError("%s\nthe chief's sync_replicas lines:\n%s"
-                         % (e, "\n".join(lines[-30:]))) from e
+  _finish_showing_the_chief(job, timeout=240, lines=30)
   chief_log = job.log("worker", 0)
   assert "Restoring parameters from" in chief_log
   assert "the chief saw done (its ps task restarted?): put back keys 1" in (
@@ -498,13 +503,7 @@ def test_16_workers_and_2_ps_on_hosts_train_every_batch_through_kills(
       job.kill("ps", KILLED_PS)
       job.start("ps", KILLED_PS)
       job.release()
-      try:
-        job.finish_workers(timeout=300)
-      except (AssertionError, subprocess.TimeoutExpired) as e:
-        lines = [l for l in job.log("worker", 0).splitlines()
-                 if "sync_replicas:" in l]
-        raise AssertionError("%s\nthe chief's sync_replicas lines:\n%s"
-                             % (e, "\n".join(lines[-20:]))) from e
+      _finish_showing_the_chief(job, timeout=300, lines=20)
       assert re.search(r"Restoring parameters from \S+/model\.ckpt-%d$"
                        % step, job.log("worker", 0), re.M), "no restore"
       assert [_trained(job, t) for t in range(16)] == shards

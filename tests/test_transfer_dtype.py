@@ -12,10 +12,6 @@ checked, and each 16-bit result must differ from the float32 one: the test
 fails with the casts knocked out.
 """
 
-import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -24,7 +20,6 @@ import tensorflow as tf
 import support
 from sync_replicas import _transfer
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 LR = 0.5  # A power of two: the update's product rounds nowhere.
 # "big" is over the packing limit (32768 elements): its gradient crosses on
 # its own unless fused, its read on its own with transfer_dtype.
@@ -369,20 +364,7 @@ def test_bad_values_are_refused_before_any_op(graph, monkeypatch, value,
   assert not graph.get_operations()
 
 
-_UNCHANGED_SCRIPT = """
-import tensorflow as tf
-tf.compat.v1.disable_eager_execution()
-with tf.compat.v1.device("/job:ps/task:0"):
-  step = tf.compat.v1.train.get_or_create_global_step()
-  w = tf.compat.v1.get_variable("w", [3])
-  b = tf.compat.v1.get_variable("b", [2])
-with tf.compat.v1.device("/job:worker/task:0"):
-  loss = tf.reduce_sum(w * w) + tf.reduce_sum(b * b)
-  opt = tf.compat.v1.train.SyncReplicasOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1),
-      replicas_to_aggregate=2)
-  opt.minimize(loss, global_step=step)
-print(sorted(op.outputs[0].dtype.name for op in
+_PRINTS = """print(sorted(op.outputs[0].dtype.name for op in
              tf.compat.v1.get_default_graph().get_operations()
              if "transfer_dtype/encode" in op.name and op.type == "Cast"))
 """
@@ -392,17 +374,9 @@ def test_an_unchanged_script_sends_16_bits_from_the_environment(tmp_path):
   """``python -m sync_replicas.patch`` with the two environment variables:
   stock's class, no option in the script, and both the packed push and the
   packed read cross as bfloat16."""
-  script = tmp_path / "train.py"
-  script.write_text(_UNCHANGED_SCRIPT)
-  env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
-             TF_CPP_MIN_LOG_LEVEL="2",
-             **{_transfer.ENV: "bfloat16",
-                "SYNC_REPLICAS_PACK_VARIABLE_READS": "1"})
-  done = subprocess.run(
-      [sys.executable, "-m", "sync_replicas.patch", str(script)],
-      capture_output=True, text=True, env=env, timeout=120,
-      stdin=subprocess.DEVNULL, check=False)
-  assert done.returncode == 0, done.stderr[-4000:]
+  done = support.run_unchanged_script(
+      tmp_path, _PRINTS, env={_transfer.ENV: "bfloat16",
+                              "SYNC_REPLICAS_PACK_VARIABLE_READS": "1"})
   # One cast for the packed gradients of w and b, one for their packed read.
   assert done.stdout == "['bfloat16', 'bfloat16']\n", done.stderr[-4000:]
 
