@@ -26,6 +26,20 @@ def is_sparse_gradient(grad):
   return isinstance(grad, tf.IndexedSlices)
 
 
+def gradient_tensors(grads_and_vars):
+  """The tensors that carry the gradients (an IndexedSlices' values and
+  indices), the Nones left out: where walks back from the gradients start."""
+  tensors = []
+  for grad, _ in grads_and_vars:
+    if grad is None:
+      continue
+    if isinstance(grad, tf.IndexedSlices):
+      tensors.extend([grad.values, grad.indices])
+    else:
+      tensors.append(grad)
+  return tensors
+
+
 def queue_runner_closer(queue_runner):
   """QueueRunner's closer thread body: waits for a stop, runs the cancel op.
 

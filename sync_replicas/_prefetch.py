@@ -51,6 +51,7 @@ made after the same token, or fresher.
 import tensorflow as tf
 
 from sync_replicas import _checks
+from sync_replicas import _compat
 from sync_replicas import _packing
 
 #: Read by the optimizer's constructor when ``prefetch_variable_reads`` is
@@ -157,14 +158,7 @@ class NoPrefetch:
 def gradient_ancestors(grads_and_vars):
   """Every op the gradients need (data and control inputs): a read one of
   them consumes runs in this optimizer's train op."""
-  stack = []
-  for grad, _ in grads_and_vars:
-    if grad is None:
-      continue
-    if isinstance(grad, tf.IndexedSlices):
-      stack.extend(t.op for t in (grad.values, grad.indices))
-    else:
-      stack.append(grad.op)
+  stack = [t.op for t in _compat.gradient_tensors(grads_and_vars)]
   seen = set()
   while stack:
     op = stack.pop()

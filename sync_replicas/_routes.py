@@ -134,18 +134,6 @@ _CONTROL_FLOW_OPS = frozenset({
 })
 
 
-def _gradient_tensors(grads_and_vars):
-  tensors = []
-  for grad, _ in grads_and_vars:
-    if grad is None:
-      continue
-    if isinstance(grad, tf.IndexedSlices):
-      tensors.extend([grad.values, grad.indices])
-    else:
-      tensors.append(grad)
-  return tensors
-
-
 def _input_ops(tensors):
   """The input ops the ``tensors`` depend on, or None where the walk meets
   control flow or a function call (it cannot tell then)."""
@@ -187,7 +175,7 @@ def _push_gate(grads_and_vars, *, options, scope):
   """
   if options.data_end == _data_end.STOCK:
     return []
-  tensors = _gradient_tensors(grads_and_vars)
+  tensors = _compat.gradient_tensors(grads_and_vars)
   if not tensors:
     return []
   inputs = _input_ops(tensors)
