@@ -109,34 +109,51 @@ def free_ports(count, *, rng=None):
 RESERVED_DIR = os.path.join(tempfile.gettempdir(), "sync_replicas-ports")
 
 
-def reserve_free_port():
-  """A free port that no live process of this machine has reserved; it
-  stays reserved for this process until ``release_port`` or its exit.
+def reserve_port(port):
+  """Reserves ``port`` for this process if no live process has; returns
+  whether it did. A reservation left by a process that died is removed, and
+  the port is taken on that same call.
+
+  The port stays reserved until ``release_port`` or this process's exit.
+  """
+  os.makedirs(RESERVED_DIR, exist_ok=True)
+  with contextlib.suppress(OSError):
+    os.chmod(RESERVED_DIR, 0o1777)  # Any user's wrappers share it.
+  path = os.path.join(RESERVED_DIR, str(port))
+  for _ in range(2):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      if _holder_alive(path):
+        return False
+      with contextlib.suppress(OSError):
+        os.remove(path)  # Its holder died: free to take.
+      continue
+    with os.fdopen(fd, "w") as f:
+      f.write("%d\n" % os.getpid())
+    return True
+  return False
+
+
+def reserve_free_port(exclude=()):
+  """A free port that no live process of this machine has reserved and
+  that is not in ``exclude``; it stays reserved for this process until
+  ``release_port`` or its exit.
 
   Why: ``free_ports`` skips only what this process handed out. Separate
   processes that each draw a port for a program that binds it seconds later
   (sync-replicas-slurm's wrappers, one per task, two jobs on one node; the
   program imports TensorFlow first) can draw the same one, and the second
-  server then fails to bind ("Could not start gRPC server", seen in CI). A
-  reservation left by a process that died is taken over.
+  server then fails to bind ("Could not start gRPC server", seen in CI).
+  ``exclude``: ports something else will bind soon without drawing them
+  (a Slurm step's meeting-point candidates, which CI once saw taken by the
+  meeting point after a worker's wrapper had drawn one for its program).
   """
-  os.makedirs(RESERVED_DIR, exist_ok=True)
-  with contextlib.suppress(OSError):
-    os.chmod(RESERVED_DIR, 0o1777)  # Any user's wrappers share it.
+  exclude = set(exclude)
   for _ in range(200):
     port = free_ports(1)[0]
-    path = os.path.join(RESERVED_DIR, str(port))
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      if _holder_alive(path):
-        continue
-      with contextlib.suppress(OSError):
-        os.remove(path)  # Its holder died: free to take, next round.
-      continue
-    with os.fdopen(fd, "w") as f:
-      f.write("%d\n" % os.getpid())
-    return port
+    if port not in exclude and reserve_port(port):
+      return port
   raise RuntimeError("found no port free and unreserved in %d draws; "
                      "remove stale files from %s" % (200, RESERVED_DIR))
 

@@ -244,6 +244,43 @@ def test_two_steps_on_one_node_meet_only_their_own_tasks(monkeypatch):
     squatter.close()
 
 
+def test_meeting_point_and_program_ports_never_meet(tmp_path, monkeypatch):
+  # CI saw it: worker0's wrapper drew a port for its program, slot 0's
+  # wrapper then bound the same port for the meeting point (one of the
+  # step's candidates), and the program failed with "Could not start gRPC
+  # server". A wrapper never draws its step's candidates, and the service
+  # never binds a port a live wrapper reserved.
+  monkeypatch.setattr(_ports, "RESERVED_DIR", str(tmp_path))
+  key = "t6.0"
+  candidates = _rendezvous.candidate_ports(key)
+  draws = iter(candidates[:3] + [candidates[0] + 1])
+  real_free_ports = _ports.free_ports
+  monkeypatch.setattr(_ports, "free_ports", lambda count: [next(draws)])
+  port = _ports.reserve_free_port(exclude=candidates)
+  assert port == candidates[0] + 1 and port not in candidates
+  monkeypatch.setattr(_ports, "free_ports", real_free_ports)
+  holder = subprocess.Popen([sys.executable, "-c", "import time; "
+                             "time.sleep(60)"])
+  try:
+    (tmp_path / str(candidates[0])).write_text("%d\n" % holder.pid)
+    service, clients = _meet(key, 2)
+    try:
+      assert service.port == candidates[1]
+      assert (tmp_path / str(candidates[1])).read_text().split() == [
+          str(os.getpid())]
+    finally:
+      for c in clients:
+        c.close()
+      service.close()
+    # Closed: its reservation ends; the other holder's stays.
+    assert not (tmp_path / str(candidates[1])).exists()
+    assert (tmp_path / str(candidates[0])).exists()
+  finally:
+    holder.kill()
+    holder.wait(timeout=30)
+    _ports.release_port(port)
+
+
 def test_a_port_reserved_by_a_live_wrapper_is_never_drawn_again(
     tmp_path, monkeypatch):
   # Two wrappers on one node each draw a port for a program that binds it
@@ -261,16 +298,15 @@ def test_a_port_reserved_by_a_live_wrapper_is_never_drawn_again(
                           text=True, check=True, timeout=60)
     (tmp_path / "20002").write_text(dead.stdout)
     port = _ports.reserve_free_port()
-    # 20001's holder lives: skipped. 20002's died: its file is removed on
-    # that draw and the port is free for a later one; 20003 is taken now.
-    assert port == 20003
-    assert (tmp_path / "20003").read_text().split() == [str(os.getpid())]
-    assert not (tmp_path / "20002").exists()
+    # 20001's holder lives: skipped. 20002's died: its reservation is
+    # taken over on that draw.
+    assert port == 20002
+    assert (tmp_path / "20002").read_text().split() == [str(os.getpid())]
     assert (tmp_path / "20001").exists()
     _ports.release_port(20001)  # Not ours: left alone.
     assert (tmp_path / "20001").exists()
     _ports.release_port(port)
-    assert not (tmp_path / "20003").exists()
+    assert not (tmp_path / "20002").exists()
   finally:
     other.kill()
     other.wait(timeout=30)

@@ -103,11 +103,17 @@ class Service:
 
   def _bind(self):
     for port in candidate_ports(self._key):
+      # Reserved first, as the wrappers reserve their programs' ports: a
+      # port another wrapper drew for a program that has not bound it yet
+      # still binds free here, and the program would then fail to start.
+      if not _ports.reserve_port(port):
+        continue
       sock = socket.socket()
       try:
         sock.bind(("", port))
       except OSError:
         sock.close()
+        _ports.release_port(port)
         continue
       sock.listen(max(self._n, 16))
       return sock
@@ -185,6 +191,7 @@ class Service:
   def close(self):
     with contextlib.suppress(OSError):
       self._sock.close()
+    _ports.release_port(self.port)
 
 
 def _close(sock, lines):

@@ -224,7 +224,10 @@ class Wrapper:
     # Reserved on this node until the wrapper exits: another task's
     # wrapper (this step's or another job's) then cannot draw it too in
     # the seconds before the program's server binds it.
-    self._port = _ports.reserve_free_port()
+    # Not one of the step's meeting-point candidates either: slot 0's
+    # wrapper may bind one of them after this draw.
+    self._port = _ports.reserve_free_port(
+        exclude=_rendezvous.candidate_ports(self._key))
     address = "%s:%d" % (step.slots[self._slot].node, self._port)
     if self._slot == 0:
       self._service = _rendezvous.Service(
