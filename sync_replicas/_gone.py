@@ -104,6 +104,15 @@ def clause(gone, *, total_num_replicas):
       len(gone), total_num_replicas, ", ".join(str(k) for k in gone))
 
 
+def end_clause(gone, *, total_num_replicas):
+  """The chief's last line's words on the workers gone when a data-end job
+  ends: counted with the done ones, but their input did not end."""
+  return ("%d of %d workers gone, not done (keys %s): what was left of their "
+          "input was never trained" % (
+              len(gone), total_num_replicas,
+              ", ".join(str(k) for k in gone)))
+
+
 class Marks:
   """The gone marks' ops on the done record ``table`` of ``ends`` (a
   ``_data_end.DataEnd``), built in its scope and on its device; only the
