@@ -46,6 +46,11 @@ LOST_AT = 8
 #: others use up with a push each (counted twice in an update, or stale).
 TRANSIENT = 3
 W = 3
+#: Where the updates do not stop for the lost worker (backups, a deadline),
+#: the job must last past worker_gone_secs after the loss, and past its
+#: transient, whatever the machine's speed: pauses of 30 ms on average
+#: before each push keep it under about 25 updates a second.
+STEPS_ON = dict(last_step=100, delay=0.03)
 
 SHARED = support.SharedCluster(num_workers=W, num_ps=1)
 
@@ -189,7 +194,7 @@ def _read(cluster, jobs, name=None):
 
 
 def _run(lost, caplog, *, replicas=W, last_step=None, batches=None,
-         names=(None,), **opt_kwargs):
+         names=(None,), delay=0.005, **opt_kwargs):
   """One job; worker 2 leaves for good at local step LOST_AT.
 
   Returns (jobs, ``{name: its global step once the chief said worker 2 is
@@ -205,7 +210,7 @@ def _run(lost, caplog, *, replicas=W, last_step=None, batches=None,
           for t in range(W)]
   ready = threading.Event()
   threads = [support.BoundedThread(
-      functools.partial(jobs[t].train, **(
+      functools.partial(jobs[t].train, delay=delay, **(
           dict(lost_at=LOST_AT, leave=lost.leave) if t == 2 else {})),
       ready, name="worker-%d" % t) for t in range(W)]
   threads[0].start()
@@ -274,7 +279,7 @@ def test_backups_stop_giving_the_lost_workers_tokens_to_the_others(
   covers it), but its tokens went to the two others, one of which then
   pushed twice for an update. Declared gone, the chief releases two tokens
   per update: one gradient of each live worker."""
-  jobs, gone_at = _run(lost, caplog, replicas=2, last_step=40)
+  jobs, gone_at = _run(lost, caplog, replicas=2, **STEPS_ON)
   step, counts, trace = _read(lost.cluster, jobs)
   _check_counts(counts, trace, replicas=2, step=step, gone_at=gone_at[None],
                 exact_before=False)
@@ -288,7 +293,7 @@ def test_a_deadline_shorter_than_worker_gone_secs_still_lets_it_go(
   then its tokens let a survivor push twice, so the step never stops for
   worker_gone_secs. Declared gone all the same: from then on each update
   takes one gradient of each live worker, with no deadline wait."""
-  jobs, gone_at = _run(lost, caplog, last_step=40,
+  jobs, gone_at = _run(lost, caplog, **STEPS_ON,
                        min_replicas_to_aggregate=2,
                        aggregation_deadline_secs=GONE_SECS / 4)
   step, counts, trace = _read(lost.cluster, jobs)
