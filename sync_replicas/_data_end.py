@@ -390,6 +390,17 @@ class DataEnd:
               ", ".join(str(k) for k in lost))
     return lost
 
+  def gone_keys(self, session):
+    """The keys of the record's workers that are gone (``worker_gone_secs``),
+    not done; [] if it cannot be read."""
+    try:
+      keys, values = session.run(
+          self.done_keys,
+          options=tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
+    except tf.errors.OpError:
+      return []
+    return _gone.gone_keys(keys, values)
+
   def wait_for_the_others(self, session, *, global_step, should_stop,
                           no_progress_secs, log_secs,
                           clock=time.monotonic, sleep=time.sleep):
@@ -414,8 +425,15 @@ class DataEnd:
                      "workers: %s", e)
         return False
       if self.all_done(done):
-        _LOG.info("sync_replicas: every worker is done at global step %d: "
-                  "the job ends", step)
+        gone = self.gone_keys(session)
+        if gone:
+          # Counted among the done, but none of them finished its input.
+          _LOG.info("sync_replicas: every live worker is done at global "
+                    "step %d: the job ends; %s", step, _gone.end_clause(
+                        gone, total_num_replicas=self.total_num_replicas))
+        else:
+          _LOG.info("sync_replicas: every worker is done at global step "
+                    "%d: the job ends", step)
         return True
       now = clock()
       if (step, done) != last:
@@ -435,16 +453,18 @@ class DataEnd:
     return False
 
 
-def log_done(ends, *, batches, done, is_chief):
+def log_done(ends, *, batches, done, is_chief, gone=0):
   """The one line a worker logs when its data ends (``ends``: its
-  ``DataEnd``)."""
+  ``DataEnd``). ``done`` counts the record's workers, ``gone`` of them
+  gone (``worker_gone_secs``), not done."""
   total = ends.total_num_replicas
   if ends.policy == STOP_TOGETHER:
     nxt = ("data_end=\"stop_together\": every worker stops now, at the "
            "same global step; what the others pushed for the next update "
            "is dropped")
   elif done >= total:
-    nxt = "every worker is done: the job ends"
+    nxt = ("every live worker is done: the job ends" if gone else
+           "every worker is done: the job ends")
   elif is_chief:
     nxt = ("the chief keeps running updates (each needs %d gradients) "
            "until the other %d worker(s) are done" % (
@@ -453,8 +473,9 @@ def log_done(ends, *, batches, done, is_chief):
     nxt = ("the other %d worker(s) train on; each update now needs %d "
            "gradients" % (total - done, ends.need(done)))
   _LOG.info("sync_replicas: %s: its data ended after %s train steps; %d of "
-            "%d workers done; %s", ends.who,
-            "?" if batches is None else batches, done, total, nxt)
+            "%d workers done%s; %s", ends.who,
+            "?" if batches is None else batches, done - gone, total,
+            ", %d gone" % gone if gone else "", nxt)
 
 
 def read_done(sess, ends):
@@ -551,7 +572,9 @@ class AnnouncesDataEnd:
       return
     if is_chief is None:
       is_chief = opt.get_chief_queue_runner().serving
-    log_done(ends, batches=batches, done=done, is_chief=is_chief)
+    # A gone worker is in the record too, but its input did not end.
+    gone = len(ends.gone_keys(sess)) if done > 1 else 0
+    log_done(ends, batches=batches, done=done, is_chief=is_chief, gone=gone)
     if (not is_chief or ends.policy != TRAIN_ALL
         or ends.all_done(done)):
       return

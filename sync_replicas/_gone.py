@@ -10,7 +10,10 @@ good (or until the operation timeout ends every process). With
 global step has not moved for ``T`` seconds, started once (its hook recorded
 its address) and cannot push: its task refuses
 connections, does not answer, or accepts them but does not answer
-(``_lost.lacking``'s bounded probe). A gone worker is counted as a done
+(``_lost.lacking``'s bounded probe). With backups or an aggregation deadline
+the updates go on without a lost worker (and its tokens go to the others),
+so there a worker whose local-step record has not moved for ``T`` seconds is
+probed, and declared, the same way. A gone worker is counted as a done
 worker is (``data_end="train_all"``): each update then needs
 ``min(replicas_to_aggregate, workers neither done nor gone)`` gradients and
 the chief releases one token per live worker. Its mark lives in the same
@@ -99,6 +102,15 @@ def clause(gone, *, total_num_replicas):
     return ""
   return "%d of %d workers gone (worker_gone_secs; keys %s)" % (
       len(gone), total_num_replicas, ", ".join(str(k) for k in gone))
+
+
+def end_clause(gone, *, total_num_replicas):
+  """The chief's last line's words on the workers gone when a data-end job
+  ends: counted with the done ones, but their input did not end."""
+  return ("%d of %d workers gone, not done (keys %s): what was left of their "
+          "input was never trained" % (
+              len(gone), total_num_replicas,
+              ", ".join(str(k) for k in gone)))
 
 
 class Marks:
@@ -222,10 +234,18 @@ class GoneWatch:
       out = set(record) - self._take_back(sess, record, steps)
       if step != last_step:
         last_step, since = step, now
-        continue
+      # With backups or an aggregation deadline the updates go on without a
+      # lost worker, and the tokens released for it go to the others (one
+      # of them pushes twice for an update): a worker whose record has not
+      # moved for ``secs`` while they did is looked at too.
+      quiet = {key for key, (_, seen) in self._seen_step.items()
+               if now - seen >= self.secs} - out
       if now - since >= self.secs:
         self._declare(sess, coord, step=int(step), stalled=now - since,
                       out=out, steps=steps, now=now)
+      elif quiet:
+        self._declare(sess, coord, step=int(step), stalled=None, out=out,
+                      steps=steps, now=now, only=quiet)
 
   def _take_back(self, sess, record, steps):
     """Takes back each gone worker whose local-step record changed since it
@@ -259,16 +279,19 @@ class GoneWatch:
           self._ends.need(len(record) - len(taken)))
     return taken
 
-  def _declare(self, sess, coord, *, step, stalled, out, steps, now):
-    """Declares gone every worker not in ``out`` (done or gone) that
-    cannot push."""
+  def _declare(self, sess, coord, *, step, stalled, out, steps, now,
+               only=None):
+    """Declares gone every worker not in ``out`` (done or gone), of
+    ``only`` if given, that cannot push. ``stalled``: how long the global
+    step has not moved, or None (it moved; ``only`` have not pushed)."""
     total = self._ends.total_num_replicas
     config = _compat.session_config(sess)
     addresses = self._ends.local_steps.read_addresses(sess)
+    keys = (set(range(total)) & set(addresses)) - out
     lost = _lost.lacking(
         # Only a worker that started once (its hook recorded its address)
         # can be lost: one still starting up is not.
-        keys=(set(range(total)) & set(addresses)) - out,
+        keys=keys if only is None else keys & only,
         addresses=addresses,
         devices=_lost.key_devices(self._reader.spec.device, total),
         read_steps=lambda devices: self._reader.read(
@@ -280,12 +303,15 @@ class GoneWatch:
       self._declared[key] = steps.get(key)
       out.add(key)
       seen = self._seen_step.get(key)
-      quiet = stalled if seen is None else now - seen[1]
+      quiet = (stalled or 0.0) if seen is None else now - seen[1]
+      waits = ("the update to step %d waits for it" % (step + 1)
+               if stalled is not None else
+               "updates went on without it to step %d" % step)
       _LOG.warning(
           "sync_replicas: worker key %d (%s%s) is gone (worker_gone_secs=%g):"
-          " no push for %.0f s, the update to step %d waits for it, and %s; "
+          " no push for %.0f s, %s, and %s; "
           "updates now need %d gradients (%d of %d workers live); it is "
           "taken back when its task starts again", key,
           device or "task unknown", " at %s" % address if address else "",
-          self.secs, quiet, step + 1, reason, self._ends.need(len(out)),
+          self.secs, quiet, waits, reason, self._ends.need(len(out)),
           total - len(out), total)

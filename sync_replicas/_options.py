@@ -154,7 +154,9 @@ class Options:
       the environment variable ``SYNC_REPLICAS_PREFETCH_VARIABLE_READS``
       (1 or 0; unset: False).
     worker_gone_secs: Not in stock. A number of seconds: a worker whose
-      gradient an update has waited for this long, and whose task does not
+      gradient an update has waited for this long (with backups or a
+      deadline: that has not pushed for this long while the updates went on
+      without it), and whose task does not
       answer (refused, silent or unreachable), is declared gone (one log
       line on the chief); from then on an update needs
       ``min(replicas_to_aggregate, workers neither done nor gone)``
