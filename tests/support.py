@@ -497,12 +497,8 @@ class SharedCluster:
 
   Usage, in place of ``cluster = LocalCluster(...)``::
 
-    cluster = SHARED.acquire()
-    try:
+    with SHARED.use() as cluster:
       ...
-    except BaseException:
-      SHARED.discard()
-      raise
   """
 
   def __init__(self, *, num_workers, num_ps):
@@ -522,6 +518,17 @@ class SharedCluster:
     """After a failed use: a thread may still be blocked in one of its runs
     (a timed-out worker), so the next use gets a fresh cluster."""
     self._cluster = None
+
+  @contextlib.contextmanager
+  def use(self):
+    """``acquire``'s cluster for a ``with`` block, discarded (``discard``)
+    if the block raises, a failed assertion or a skip included."""
+    cluster = self.acquire()
+    try:
+      yield cluster
+    except BaseException:
+      self.discard()
+      raise
 
 
 def run_chief_first(worker_fn, cluster, count, *args, timeout):

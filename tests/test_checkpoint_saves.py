@@ -82,8 +82,7 @@ def _chief_with_listener(timeout_secs):
   """A plain chief session on the shared cluster, initialized, with the
   runner's threads and a listener: yields (model, listener, session,
   coordinator); stops and closes them after."""
-  cluster = SHARED.acquire()
-  try:
+  with SHARED.use() as cluster:
     model = TwoPsCounters(cluster.worker_targets[0])
     listener = model.opt.make_checkpoint_saver_listener(
         timeout_secs=timeout_secs)
@@ -112,9 +111,6 @@ def _chief_with_listener(timeout_secs):
           raise
         # Otherwise the body's error is the one to report.
       sess.close()
-  except BaseException:
-    SHARED.discard()
-    raise
 
 
 def test_a_save_holds_back_an_update_that_has_its_gradients_until_it_ends():
@@ -217,17 +213,13 @@ def _save_every_step(cluster, checkpoint_dir, steps, *, pause, **kwargs):
     "ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_saves_under_the_listener_are_whole_where_stocks_tear(tmp_path,
                                                                caplog):
-  cluster = SHARED.acquire()
-  try:
+  with SHARED.use() as cluster:
     stock = _save_every_step(cluster, str(tmp_path / "stock"), 120,
                              pause=False, opt_cls=support.STOCK)
     for target in cluster.worker_targets:
       tf.compat.v1.Session.reset(target)
     paused = _save_every_step(cluster, str(tmp_path / "paused"), 120,
                               pause=True)
-  except BaseException:
-    SHARED.discard()
-    raise
   # Stock, same model and schedule: about one save in five held half an
   # update here (35 and 46 of 200). Asserted, so that the zero below is
   # known to come from a schedule where tears happen.

@@ -1,8 +1,11 @@
 """Uneven shards as process clusters: who trains, who exits (issue 36).
 
 Each test runs ``tools/data_end`` (in this process, so that no extra
-TensorFlow import is paid for the harness) on 1 ps and 3 replica processes,
-every replica reading its own one-pass shard of a few batches until its
+TensorFlow import is paid for the harness) on 3 replica processes and a ps,
+a server of this process (``InProcessPs``: its process would be one
+TensorFlow import of four per cluster, and what is proven is about the
+replicas' processes; the ps runs none of the package's code), every replica
+reading its own one-pass shard of a few batches until its
 input raises OutOfRangeError: under MonitoredTrainingSession, a Supervisor
 whose input queue closes, and an Estimator with a finite ``input_fn``
 (TensorFlow 2.15 only). The harness counts the batches trained from the
@@ -111,7 +114,8 @@ def run(tmp_path, *, impl, shards=None, seed=None, driver="mts",
   args = data_end.parse(argv)
   # The Estimator imports Keras, which the tests' children do without.
   environ = support.with_keras() if driver == "estimator" else None
-  summary = data_end.run_once(args, tmp_path / "run", environ=environ)
+  summary = data_end.run_once(args, tmp_path / "run", environ=environ,
+                              ps_in_process=True)
   # Whatever happened, the harness stopped every task it started.
   assert not summary["processes_left"], describe(summary)
   return summary

@@ -6,6 +6,7 @@ every accumulator holds at least the minimum; each such short update is
 logged and counted in the statistics.
 """
 
+import contextlib
 import logging
 import threading
 import time
@@ -60,20 +61,26 @@ DEADLINE_SECS = 5.0
 SHARED = support.SharedCluster(num_workers=3, num_ps=1)
 
 
+@contextlib.contextmanager
 def _constant_workers(clock):
-  cluster = SHARED.acquire()
-  try:
-    return [support.ConstantWorker(
-        support.OURS, cluster, t, replicas=3, total=3,
-        min_replicas_to_aggregate=2, aggregation_deadline_secs=DEADLINE_SECS,
-        stall_log_secs=None, runner_clock=clock if t == 0 else None,
-        # Stock's start, whose spare initial tokens let a lone push return:
-        # these tests step the workers one push at a time.
-        data_end="stock")
-            for t in range(3)]
-  except BaseException:
-    SHARED.discard()
-    raise
+  """Three ConstantWorkers on the shared cluster, the chief's runner on
+  ``clock``; closed after the block, and the cluster discarded if it
+  raised."""
+  with SHARED.use() as cluster:
+    workers = []
+    try:
+      workers.extend(support.ConstantWorker(
+          support.OURS, cluster, t, replicas=3, total=3,
+          min_replicas_to_aggregate=2,
+          aggregation_deadline_secs=DEADLINE_SECS, stall_log_secs=None,
+          runner_clock=clock if t == 0 else None,
+          # Stock's start, whose spare initial tokens let a lone push
+          # return: these tests step the workers one push at a time.
+          data_end="stock")
+                     for t in range(3))
+      yield workers
+    finally:
+      support.close_all(workers)
 
 
 def _short_updates(caplog):
@@ -84,9 +91,8 @@ def _short_updates(caplog):
 def test_a_push_before_the_deadline_makes_no_update(caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
   clock = _TestClock()
-  workers = _constant_workers(clock)
-  chief, other, _ = workers
-  try:
+  with _constant_workers(clock) as workers:
+    chief, other, _ = workers
     chief.session.run(chief.train_op)  # 1 of 3; an initial token lets it go.
     other.session.run(other.train_op)  # 2 of 3: the minimum, in time.
     clock.wait_for_polls("the second push")
@@ -101,11 +107,6 @@ def test_a_push_before_the_deadline_makes_no_update(caplog):
                        what="the short update, once past the deadline")
     # The mean of the two that arrived: ([1, 10] + [2, 20]) / 2.
     np.testing.assert_allclose(chief.session.run(chief.var), [-1.5, -15.0])
-  except BaseException:
-    SHARED.discard()
-    raise
-  finally:
-    support.close_all(workers)
   short = _short_updates(caplog)
   assert len(short) == 1, [r.getMessage() for r in caplog.records]
   assert "update to step 1" in short[0]
@@ -114,9 +115,8 @@ def test_a_push_before_the_deadline_makes_no_update(caplog):
 def test_no_update_below_the_minimum_however_late(caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
   clock = _TestClock()
-  workers = _constant_workers(clock)
-  chief, other, _ = workers
-  try:
+  with _constant_workers(clock) as workers:
+    chief, other, _ = workers
     chief.session.run(chief.train_op)  # 1 of 3, below the minimum of 2.
     clock.advance(DEADLINE_SECS * 3)
     clock.wait_for_polls("three deadlines passed with one gradient")
@@ -125,11 +125,6 @@ def test_no_update_below_the_minimum_however_late(caplog):
     support.wait_until(lambda: chief.session.run(chief.step) == 1, timeout=20,
                        what="the short update")
     np.testing.assert_allclose(chief.session.run(chief.var), [-1.5, -15.0])
-  except BaseException:
-    SHARED.discard()
-    raise
-  finally:
-    support.close_all(workers)
   short = _short_updates(caplog)
   assert len(short) == 1 and "update to step 1" in short[0], short
 
@@ -166,14 +161,10 @@ def _traced_worker(cluster, task, ready, stopped_at):
 @pytest.mark.timeout(200)
 def test_training_goes_on_when_a_worker_stops_mid_run(caplog):
   caplog.set_level(logging.INFO, logger=RUNNER_LOGGER)
-  cluster = SHARED.acquire()
   stopped_at = []
-  try:
+  with SHARED.use() as cluster:
     support.run_chief_first(_traced_worker, cluster, WORKERS, stopped_at,
                             timeout=150)
-  except BaseException:
-    SHARED.discard()
-    raise
 
   def counters(graph):
     # The cluster counters are resource variables on the ps under the

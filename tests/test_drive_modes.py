@@ -276,51 +276,47 @@ def _train(opt_cls, mode, step_dtype, opt_kwargs=None, statistics=None):
   its own session once the chief counted the last update.
   """
   # Reset also ends a stock runner thread still blocked from the last run.
-  cluster = SHARED.acquire()
-  workers = [_Worker(opt_cls, cluster.worker_targets[t], t,
-                     step_dtype=step_dtype, opt_kwargs=opt_kwargs)
-             for t in range(2)]
-  # The chief first, so the other finds the model initialized.
-  sessions = []
-  close_error = None
-  failed = True
-  try:
-    for w in workers:
-      sessions.append(MODES[mode](w))
-    chief = sessions[0].sess
-    steps = []
-    for want in STEPS_AFTER_ROUND:
-      support.run_concurrently([(s.sess.run, w.train_op)
-                                for w, s in zip(workers, sessions,
-                                                strict=True)])
-      support.wait_until(lambda: chief.run(workers[0].global_step) >= want,
-                         timeout=30, what="global step %d" % want)
-      steps.append(int(chief.run(workers[0].global_step)))
-    local_steps = [int(s.sess.run(w.local_step))
-                   for w, s in zip(workers, sessions, strict=True)]
-    values = chief.run(workers[0].w)
-    if statistics is not None:
-      # The update is counted after its tokens went out (the sync op, then
-      # the count), so the last count may land after the runs returned.
-      updates = workers[0].opt.statistics_tensors["chief/updates_applied"]
-      support.wait_until(lambda: chief.run(updates) == STEPS_AFTER_ROUND[-1],
-                         timeout=30, what="the last update counted")
-      statistics.extend(s.sess.run(w.opt.statistics_tensors)
-                        for w, s in zip(workers, sessions, strict=True))
-    if opt_cls is support.STOCK and sessions[0].threads:
-      # Stock's close fails only if its runner is blocked in a take; it may
-      # still be between two runs, and then it ends at the stop request.
-      support.wait_for_stock_runner_to_block(sessions[0].threads)
-    failed = False
-  finally:
-    # Non-chief first: the chief's runner is the last to need the ps.
-    for s in reversed(sessions):
-      try:
-        s.close()
-      except RuntimeError as e:
-        close_error = e
-    if failed:
-      SHARED.discard()
+  with SHARED.use() as cluster:
+    workers = [_Worker(opt_cls, cluster.worker_targets[t], t,
+                       step_dtype=step_dtype, opt_kwargs=opt_kwargs)
+               for t in range(2)]
+    # The chief first, so the other finds the model initialized.
+    sessions = []
+    close_error = None
+    try:
+      for w in workers:
+        sessions.append(MODES[mode](w))
+      chief = sessions[0].sess
+      steps = []
+      for want in STEPS_AFTER_ROUND:
+        support.run_concurrently([(s.sess.run, w.train_op)
+                                  for w, s in zip(workers, sessions,
+                                                  strict=True)])
+        support.wait_until(lambda: chief.run(workers[0].global_step) >= want,
+                           timeout=30, what="global step %d" % want)
+        steps.append(int(chief.run(workers[0].global_step)))
+      local_steps = [int(s.sess.run(w.local_step))
+                     for w, s in zip(workers, sessions, strict=True)]
+      values = chief.run(workers[0].w)
+      if statistics is not None:
+        # The update is counted after its tokens went out (the sync op, then
+        # the count), so the last count may land after the runs returned.
+        updates = workers[0].opt.statistics_tensors["chief/updates_applied"]
+        support.wait_until(lambda: chief.run(updates) == STEPS_AFTER_ROUND[-1],
+                           timeout=30, what="the last update counted")
+        statistics.extend(s.sess.run(w.opt.statistics_tensors)
+                          for w, s in zip(workers, sessions, strict=True))
+      if opt_cls is support.STOCK and sessions[0].threads:
+        # Stock's close fails only if its runner is blocked in a take; it may
+        # still be between two runs, and then it ends at the stop request.
+        support.wait_for_stock_runner_to_block(sessions[0].threads)
+    finally:
+      # Non-chief first: the chief's runner is the last to need the ps.
+      for s in reversed(sessions):
+        try:
+          s.close()
+        except RuntimeError as e:
+          close_error = e
   return steps, local_steps, values, close_error
 
 
@@ -375,58 +371,54 @@ def _train_with_an_early_push(opt_cls, step_dtype):
   one) and pushes alone, which makes update 1 out of the two pushes; then
   both step together. Returns (steps, local steps, w).
   """
-  cluster = SHARED.acquire()
-  chief, other = [_Worker(opt_cls, cluster.worker_targets[t], t,
-                          step_dtype=step_dtype) for t in range(2)]
-  counts = _num_accumulated(chief.graph)
-  sessions = [tf.compat.v1.Session(w.target, graph=w.graph,
-                                   config=support.session_config())
-              for w in (chief, other)]
-  chief_sess, other_sess = sessions
-  coord = tf.compat.v1.train.Coordinator()
-  threads = []
-  failed = True
-  try:
-    chief_sess.run([chief.init_op, chief.local_init])
-    other_sess.run([other.local_init, other.opt.local_step_init_op])
-    early = support.BoundedThread(
-        lambda: other_sess.run(other.train_op, options=RUN_OPTIONS),
-        name="early-push")
-    early.start()
-    support.wait_until(lambda: sum(chief_sess.run(counts)) == 1, timeout=30,
-                       what="the non-chief's early push")
-    chief_sess.run(chief.opt.chief_init_op)
-    chief_sess.run(chief.init_tokens)
-    threads = chief.opt.get_chief_queue_runner().create_threads(
-        chief_sess, coord=coord, daemon=True, start=True)
-    early.finish()
-    steps = []
-    for i, want in enumerate(EARLY_PUSH_STEPS):
-      if i == 0:
-        chief_sess.run(chief.train_op, options=RUN_OPTIONS)
-      else:
-        support.run_concurrently([(s.run, w.train_op)
-                                  for w, s in zip((chief, other), sessions,
-                                                strict=True)])
-      support.wait_until(lambda: chief_sess.run(chief.global_step) >= want,
-                         timeout=30, what="global step %d" % want)
-      steps.append(int(chief_sess.run(chief.global_step)))
-    local_steps = [int(s.run(w.local_step))
-                   for w, s in zip((chief, other), sessions, strict=True)]
-    values = chief_sess.run(chief.w)
-    if opt_cls is support.STOCK:
-      support.wait_for_stock_runner_to_block(threads)
-    failed = False
-  finally:
-    coord.request_stop()
+  with SHARED.use() as cluster:
+    chief, other = [_Worker(opt_cls, cluster.worker_targets[t], t,
+                            step_dtype=step_dtype) for t in range(2)]
+    counts = _num_accumulated(chief.graph)
+    sessions = [tf.compat.v1.Session(w.target, graph=w.graph,
+                                     config=support.session_config())
+                for w in (chief, other)]
+    chief_sess, other_sess = sessions
+    coord = tf.compat.v1.train.Coordinator()
+    threads = []
     try:
-      coord.join(threads, stop_grace_period_secs=GRACE_SECS)
-    except RuntimeError:
-      pass  # Stock's runner outlives the grace: the matrix checks that.
-    for s in sessions:
-      s.close()
-    if failed:
-      SHARED.discard()
+      chief_sess.run([chief.init_op, chief.local_init])
+      other_sess.run([other.local_init, other.opt.local_step_init_op])
+      early = support.BoundedThread(
+          lambda: other_sess.run(other.train_op, options=RUN_OPTIONS),
+          name="early-push")
+      early.start()
+      support.wait_until(lambda: sum(chief_sess.run(counts)) == 1, timeout=30,
+                         what="the non-chief's early push")
+      chief_sess.run(chief.opt.chief_init_op)
+      chief_sess.run(chief.init_tokens)
+      threads = chief.opt.get_chief_queue_runner().create_threads(
+          chief_sess, coord=coord, daemon=True, start=True)
+      early.finish()
+      steps = []
+      for i, want in enumerate(EARLY_PUSH_STEPS):
+        if i == 0:
+          chief_sess.run(chief.train_op, options=RUN_OPTIONS)
+        else:
+          support.run_concurrently([(s.run, w.train_op)
+                                    for w, s in zip((chief, other), sessions,
+                                                  strict=True)])
+        support.wait_until(lambda: chief_sess.run(chief.global_step) >= want,
+                           timeout=30, what="global step %d" % want)
+        steps.append(int(chief_sess.run(chief.global_step)))
+      local_steps = [int(s.run(w.local_step))
+                     for w, s in zip((chief, other), sessions, strict=True)]
+      values = chief_sess.run(chief.w)
+      if opt_cls is support.STOCK:
+        support.wait_for_stock_runner_to_block(threads)
+    finally:
+      coord.request_stop()
+      try:
+        coord.join(threads, stop_grace_period_secs=GRACE_SECS)
+      except RuntimeError:
+        pass  # Stock's runner outlives the grace: the matrix checks that.
+      for s in sessions:
+        s.close()
   return steps, local_steps, values
 
 

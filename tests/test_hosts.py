@@ -154,6 +154,9 @@ def _own_address():
   return next((a for a in found if not a.startswith("127.")), None)
 
 
+# The launcher's hosts, with tasks that import no TensorFlow (these three
+# tests): CI runs them under its newest TensorFlow only (docs/testing.md).
+@pytest.mark.version_independent
 @pytest.mark.timeout(120)
 def test_nothing_routes_out_of_the_hosts_and_links_are_shaped(tmp_path):
   own = _own_address()
@@ -240,6 +243,7 @@ def _listening(address):
     yield sock.getsockname()[1]
 
 
+@pytest.mark.version_independent
 @pytest.mark.parametrize("argv, said", [
     (["--link-rate", "1gbit"], "--link-rate and --place shape and place "
      "emulated hosts: give --hosts N too"),
@@ -264,6 +268,7 @@ def test_bad_hosts_arguments_are_one_line_and_start_nothing(argv, said):
       proc.stderr)
 
 
+@pytest.mark.version_independent
 def test_a_machine_without_iproute2_gets_one_line_saying_why(tmp_path):
   # Only the python that runs the tasks on PATH: no ip, no tc.
   (tmp_path / "python").symlink_to(sys.executable)

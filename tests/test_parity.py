@@ -139,40 +139,38 @@ def run_waves(opt_cls, waves, expected_steps, *, num_workers, replicas,
               make_opt=OPTIMIZERS["sgd"], use_resource=True,
               step_dtype=tf.int64, averages=False, one_ps=False):
   """Runs the waves on the reset cluster; returns a state snapshot per wave."""
-  cluster = _CLUSTER.acquire()
-  workers = []
-  try:
-    for i in range(num_workers):  # The chief first: it initializes.
-      workers.append(Worker(opt_cls, cluster, i, make_opt=make_opt,
-                            replicas=replicas, total=num_workers,
-                            use_resource=use_resource, step_dtype=step_dtype,
-                            averages=averages, one_ps=one_ps))
-    observer = workers[-1]
-    snapshots = []
-    shadows = observer.read()[1:3] if averages else None
-    last_step = 0
-    for wave, step in zip(waves, expected_steps, strict=True):
-      support.run_concurrently([(workers[w].step,) for w in wave])
-      support.wait_until(lambda s=step: observer.read()[0] == s, timeout=20,
-                         what="global_step == %d after wave %r" % (step, wave))
-      if averages and step != last_step:
-        # The chief averages after releasing the tokens: wait for the
-        # shadows to take this update (decay 0.5 keeps them exact).
-        values = observer.read()[1:3]
-        shadows = [sh - (sh - v) * np.float32(1 - DECAY)
-                   for sh, v in zip(shadows, values, strict=True)]
+  with _CLUSTER.use() as cluster:
+    workers = []
+    try:
+      for i in range(num_workers):  # The chief first: it initializes.
+        workers.append(Worker(opt_cls, cluster, i, make_opt=make_opt,
+                              replicas=replicas, total=num_workers,
+                              use_resource=use_resource, step_dtype=step_dtype,
+                              averages=averages, one_ps=one_ps))
+      observer = workers[-1]
+      snapshots = []
+      shadows = observer.read()[1:3] if averages else None
+      last_step = 0
+      for wave, step in zip(waves, expected_steps, strict=True):
+        support.run_concurrently([(workers[w].step,) for w in wave])
         support.wait_until(
-            lambda sh=shadows: all(np.array_equal(a, b) for a, b in zip(
-                observer.read()[5:7], sh, strict=True)),
-            timeout=20, what="moving averages of update %d" % step)
-      last_step = step
-      snapshots.append(observer.read())
-    return snapshots, workers
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    support.close_all(workers)
+            lambda s=step: observer.read()[0] == s, timeout=20,
+            what="global_step == %d after wave %r" % (step, wave))
+        if averages and step != last_step:
+          # The chief averages after releasing the tokens: wait for the
+          # shadows to take this update (decay 0.5 keeps them exact).
+          values = observer.read()[1:3]
+          shadows = [sh - (sh - v) * np.float32(1 - DECAY)
+                     for sh, v in zip(shadows, values, strict=True)]
+          support.wait_until(
+              lambda sh=shadows: all(np.array_equal(a, b) for a, b in zip(
+                  observer.read()[5:7], sh, strict=True)),
+              timeout=20, what="moving averages of update %d" % step)
+        last_step = step
+        snapshots.append(observer.read())
+      return snapshots, workers
+    finally:
+      support.close_all(workers)
 
 
 def assert_same_runs(stock, ours):
@@ -381,73 +379,72 @@ def test_averages_before_tokens_are_current_when_a_worker_resumes():
   def averaged_first(*args, **kwargs):
     return support.OURS(*args, averages_before_tokens=True, **kwargs)
 
-  cluster = _CLUSTER.acquire()
-  workers = []
-  probe = tf.Graph()
-  with probe.as_default():
-    reached, gate = _averages_queues()
-    with tf.compat.v1.device("/job:ps/task:0"):
-      tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=[()],
-                                  shared_name="sync_token_q")
-    reads = dict(reached=reached.size(), tokens=tokens.size())
-    let_go, drain = gate.enqueue(1), tokens.dequeue()
-  probe_sess = tf.compat.v1.Session(cluster.worker_targets[0], graph=probe,
-                                    config=support.session_config())
-  try:
-    for i in range(2):
-      workers.append(Worker(averaged_first, cluster, i,
-                            make_opt=OPTIMIZERS["sgd"], replicas=2,
-                            total=ABT_TOTAL, use_resource=True,
-                            step_dtype=tf.int64, averages=True,
-                            make_ema=lambda: _GatedAverage(DECAY)))
-    observer = workers[1]
-    shadows = observer.read()[5:7]
-    for wave, update in enumerate(ABT_UPDATES):
-      steps = [support.BoundedThread(w.step, name="worker%d-wave%d" % (w.id,
-                                                                       wave))
-               for w in workers]
-      for t in steps:
-        t.start()
-      if wave == 0:
-        # The initial tokens let both return before any update.
+  with _CLUSTER.use() as cluster:
+    workers = []
+    probe = tf.Graph()
+    with probe.as_default():
+      reached, gate = _averages_queues()
+      with tf.compat.v1.device("/job:ps/task:0"):
+        tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=[()],
+                                    shared_name="sync_token_q")
+      reads = dict(reached=reached.size(), tokens=tokens.size())
+      let_go, drain = gate.enqueue(1), tokens.dequeue()
+    probe_sess = tf.compat.v1.Session(cluster.worker_targets[0], graph=probe,
+                                      config=support.session_config())
+    try:
+      for i in range(2):
+        workers.append(Worker(averaged_first, cluster, i,
+                              make_opt=OPTIMIZERS["sgd"], replicas=2,
+                              total=ABT_TOTAL, use_resource=True,
+                              step_dtype=tf.int64, averages=True,
+                              make_ema=lambda: _GatedAverage(DECAY)))
+      observer = workers[1]
+      shadows = observer.read()[5:7]
+      for wave, update in enumerate(ABT_UPDATES):
+        steps = [support.BoundedThread(w.step, name="worker%d-wave%d" % (w.id,
+                                                                         wave))
+                 for w in workers]
+        for t in steps:
+          t.start()
+        if wave == 0:
+          # The initial tokens let both return before any update.
+          for t in steps:
+            t.finish()
+        if update is not None:
+          support.wait_until(
+              lambda u=update: probe_sess.run(reads["reached"]) == u,
+              timeout=20,
+              what="the chief at the averages of update %d" % update)
+          queued = probe_sess.run(reads["tokens"])
+          assert queued == 0, (
+              "update %d: %d tokens went out before the chief's averages"
+              % (update, queued))
+          probe_sess.run(let_go)
         for t in steps:
           t.finish()
-      if update is not None:
-        support.wait_until(
-            lambda u=update: probe_sess.run(reads["reached"]) == u,
-            timeout=20, what="the chief at the averages of update %d" % update)
-        queued = probe_sess.run(reads["tokens"])
-        assert queued == 0, (
-            "update %d: %d tokens went out before the chief's averages"
-            % (update, queued))
-        probe_sess.run(let_go)
-      for t in steps:
-        t.finish()
-      if wave == 0:
-        # Nobody waits for these tokens: that they are out says the
-        # averages are done.
-        support.wait_until(lambda: probe_sess.run(reads["tokens"]) == ABT_TOTAL,
-                           timeout=20, what="update 1's tokens")
-      state = observer.read()
-      assert state[0] == max(u or 0 for u in ABT_UPDATES[:wave + 1])
-      if update is not None:
-        # Every worker returned holding a token of this update (or, after
-        # wave 0, the tokens are out), so its average must already be
-        # there: read without waiting.
-        shadows = [sh - (sh - v) * np.float32(1 - DECAY)
-                   for sh, v in zip(shadows, state[1:3], strict=True)]
-      np.testing.assert_array_equal(state[5], shadows[0],
-                                    err_msg="wave %d" % wave)
-      np.testing.assert_array_equal(state[6], shadows[1],
-                                    err_msg="wave %d" % wave)
-      if wave > 0:
-        # The backup's token, left by the two workers: gone before the next
-        # update, so that the next check sees only that update's tokens.
-        assert probe_sess.run(reads["tokens"]) == 1
-        probe_sess.run(drain)
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    support.close_all(workers)
-    probe_sess.close()
+        if wave == 0:
+          # Nobody waits for these tokens: that they are out says the
+          # averages are done.
+          support.wait_until(
+              lambda: probe_sess.run(reads["tokens"]) == ABT_TOTAL,
+              timeout=20, what="update 1's tokens")
+        state = observer.read()
+        assert state[0] == max(u or 0 for u in ABT_UPDATES[:wave + 1])
+        if update is not None:
+          # Every worker returned holding a token of this update (or, after
+          # wave 0, the tokens are out), so its average must already be
+          # there: read without waiting.
+          shadows = [sh - (sh - v) * np.float32(1 - DECAY)
+                     for sh, v in zip(shadows, state[1:3], strict=True)]
+        np.testing.assert_array_equal(state[5], shadows[0],
+                                      err_msg="wave %d" % wave)
+        np.testing.assert_array_equal(state[6], shadows[1],
+                                      err_msg="wave %d" % wave)
+        if wave > 0:
+          # The backup's token, left by the two workers: gone before the next
+          # update, so that the next check sees only that update's tokens.
+          assert probe_sess.run(reads["tokens"]) == 1
+          probe_sess.run(drain)
+    finally:
+      support.close_all(workers)
+      probe_sess.close()

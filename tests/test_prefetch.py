@@ -110,25 +110,23 @@ class Worker:
 
 
 def _run_waves(opt_cls, waves, steps, *, num_workers, replicas, **options):
-  cluster = _CLUSTER.acquire()
-  workers = []
-  try:
-    for i in range(num_workers):  # The chief first: it initializes.
-      workers.append(Worker(opt_cls, cluster, i, replicas=replicas,
-                            total=num_workers, **options))
-    observer = workers[-1]
-    snapshots = []
-    for wave, step in zip(waves, steps, strict=True):
-      support.run_concurrently([(workers[w].step,) for w in wave])
-      support.wait_until(lambda s=step: observer.read()[0] == s, timeout=20,
-                         what="global_step == %d after wave %r" % (step, wave))
-      snapshots.append(observer.read())
-    return snapshots, workers
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    support.close_all(workers)
+  with _CLUSTER.use() as cluster:
+    workers = []
+    try:
+      for i in range(num_workers):  # The chief first: it initializes.
+        workers.append(Worker(opt_cls, cluster, i, replicas=replicas,
+                              total=num_workers, **options))
+      observer = workers[-1]
+      snapshots = []
+      for wave, step in zip(waves, steps, strict=True):
+        support.run_concurrently([(workers[w].step,) for w in wave])
+        support.wait_until(
+            lambda s=step: observer.read()[0] == s, timeout=20,
+            what="global_step == %d after wave %r" % (step, wave))
+        snapshots.append(observer.read())
+      return snapshots, workers
+    finally:
+      support.close_all(workers)
 
 
 @pytest.mark.parametrize("waves,steps,num_workers,replicas", [
@@ -293,34 +291,31 @@ def _restart_run(**options):
   """Worker 1 (1 of 2 replicas aggregated, so it trains alone) takes two
   steps, w is set, worker 1 starts a new session and takes one more step
   while the chief's session stays up: the state after it."""
-  cluster = _CLUSTER.acquire()
-  workers = []
-  try:
-    for i in range(2):
-      workers.append(Worker(support.OURS, cluster, i, replicas=1, total=2,
-                            **options))
-    chief, worker = workers
-    for expected in (1, 1):
+  with _CLUSTER.use() as cluster:
+    workers = []
+    try:
+      for i in range(2):
+        workers.append(Worker(support.OURS, cluster, i, replicas=1, total=2,
+                              **options))
+      chief, worker = workers
+      for expected in (1, 1):
+        worker.step()
+        support.wait_until(lambda e=expected: worker.read()[0] == e,
+                           timeout=20, what="global step %d" % expected)
+      workers.pop().close()
+      chief.session.run(chief.change_w)
+      # Restarted: a new graph and session, as a new process builds them,
+      # going on with the batches where the first one stopped.
+      worker = Worker(support.OURS, cluster, 1, replicas=1, total=2,
+                      **options)
+      workers.append(worker)
+      worker.steps_taken = 2
       worker.step()
-      support.wait_until(lambda e=expected: worker.read()[0] == e,
-                         timeout=20, what="global step %d" % expected)
-    workers.pop().close()
-    chief.session.run(chief.change_w)
-    # Restarted: a new graph and session, as a new process builds them,
-    # going on with the batches where the first one stopped.
-    worker = Worker(support.OURS, cluster, 1, replicas=1, total=2,
-                    **options)
-    workers.append(worker)
-    worker.steps_taken = 2
-    worker.step()
-    support.wait_until(lambda: worker.read()[0] == 2, timeout=20,
-                       what="the new session's update")
-    return worker.read()
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    support.close_all(workers)
+      support.wait_until(lambda: worker.read()[0] == 2, timeout=20,
+                         what="the new session's update")
+      return worker.read()
+    finally:
+      support.close_all(workers)
 
 
 def test_option_keyword_environment_and_bad_values(monkeypatch):

@@ -127,40 +127,41 @@ STYLES = {
 def _train(style, opt_cls, **options):
   """The model's variables after the pushes of STEPS, and the packed reads'
   concatenations."""
-  cluster = SHARED.acquire()
-  g = tf.Graph()
-  with g.as_default(), tf.compat.v1.device(_setter()):
-    tf.compat.v1.set_random_seed(11)
-    global_step = tf.compat.v1.train.get_or_create_global_step()
-    if opt_cls is support.OURS:
-      # Stock's start (its spare initial token makes the second push
-      # stale, as STEPS says), so that the numbers compare with stock's.
-      options = {"data_end": "stock", **options}
-    opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(LR),
-                  replicas_to_aggregate=1, total_num_replicas=1, **options)
-    if style == "estimator":
-      x, y = _data()
-      train_op = _estimator_spec(x, y, ESTIMATOR.ModeKeys.TRAIN,
-                                 opt).train_op
-    else:
-      loss, var_list = STYLES[style]()
-      train_op = opt.minimize(loss, global_step=global_step,
-                              var_list=var_list)
-    hook = opt.make_session_run_hook(True)
-    variables = tf.compat.v1.trainable_variables()
-  with g.as_default(), support.monitored_session(
-      cluster.worker_targets[0], is_chief=True, hooks=[hook]) as sess:
-    # Each push waits for the update before it, so every run takes the same
-    # path: the second push is stale (the initial token carries step 0) and
-    # dropped, as in stock.
-    for expected in STEPS:
-      sess.run(train_op)
-      support.wait_until(lambda e=expected: sess.run(global_step) == e,
-                         timeout=30, what="global step %d" % expected)
-    values = sess.run(variables)
-  packed = [op for op in g.get_operations()
-            if op.type == "ConcatV2" and "/packed_reads/" in op.name]
-  return {v.op.name: value for v, value in zip(variables, values, strict=True)}, packed
+  with SHARED.use() as cluster:
+    g = tf.Graph()
+    with g.as_default(), tf.compat.v1.device(_setter()):
+      tf.compat.v1.set_random_seed(11)
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      if opt_cls is support.OURS:
+        # Stock's start (its spare initial token makes the second push
+        # stale, as STEPS says), so that the numbers compare with stock's.
+        options = {"data_end": "stock", **options}
+      opt = opt_cls(tf.compat.v1.train.GradientDescentOptimizer(LR),
+                    replicas_to_aggregate=1, total_num_replicas=1, **options)
+      if style == "estimator":
+        x, y = _data()
+        train_op = _estimator_spec(x, y, ESTIMATOR.ModeKeys.TRAIN,
+                                   opt).train_op
+      else:
+        loss, var_list = STYLES[style]()
+        train_op = opt.minimize(loss, global_step=global_step,
+                                var_list=var_list)
+      hook = opt.make_session_run_hook(True)
+      variables = tf.compat.v1.trainable_variables()
+    with g.as_default(), support.monitored_session(
+        cluster.worker_targets[0], is_chief=True, hooks=[hook]) as sess:
+      # Each push waits for the update before it, so every run takes the same
+      # path: the second push is stale (the initial token carries step 0) and
+      # dropped, as in stock.
+      for expected in STEPS:
+        sess.run(train_op)
+        support.wait_until(lambda e=expected: sess.run(global_step) == e,
+                           timeout=30, what="global step %d" % expected)
+      values = sess.run(variables)
+    packed = [op for op in g.get_operations()
+              if op.type == "ConcatV2" and "/packed_reads/" in op.name]
+    return {v.op.name: value
+            for v, value in zip(variables, values, strict=True)}, packed
 
 
 @pytest.mark.parametrize("style", list(STYLES))
@@ -169,16 +170,11 @@ def test_packed_reads_train_to_stocks_numbers(style, caplog):
   if style == "estimator" and ESTIMATOR is None:
     pytest.skip("TensorFlow %s has no tf.compat.v1.estimator (removed in "
                 "2.16); CI runs this on 2.15" % tf.__version__)
-  try:
-    want, _ = _train(style, support.STOCK)
-    plain, plain_packs = _train(style, support.OURS,
-                                pack_variable_reads=False)
-    with caplog.at_level(logging.DEBUG,
-                         logger="tensorflow." + _rewired_reads.__name__):
-      got, packs = _train(style, support.OURS, pack_variable_reads=True)
-  except BaseException:
-    SHARED.discard()
-    raise
+  want, _ = _train(style, support.STOCK)
+  plain, plain_packs = _train(style, support.OURS, pack_variable_reads=False)
+  with caplog.at_level(logging.DEBUG,
+                       logger="tensorflow." + _rewired_reads.__name__):
+    got, packs = _train(style, support.OURS, pack_variable_reads=True)
   assert set(want) == set(plain) == set(got)
   assert len(want) >= 2
   for name, value in want.items():
@@ -348,8 +344,7 @@ def test_reads_on_the_variables_task_and_control_inputs_stay(graph):
 def test_one_tensor_crosses_per_ps_task():
   """Traced: 40 variables' forward and gradient reads, 2 transfers."""
   counts = {}
-  try:
-    cluster = SHARED.acquire()
+  with SHARED.use() as cluster:
     for packed in (False, True):
       g = tf.Graph()
       with g.as_default(), tf.compat.v1.device(_setter()):
@@ -364,9 +359,6 @@ def test_one_tensor_crosses_per_ps_task():
         init = tf.compat.v1.global_variables_initializer()
       counts[packed] = support.traced_worker_recvs(
           cluster.worker_targets[0], g, fetch, init)
-  except BaseException:
-    SHARED.discard()
-    raise
   # Measured: 40 and 2 (one per ps task).
   assert counts == {False: 40, True: 2}, counts
 

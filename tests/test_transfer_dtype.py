@@ -132,22 +132,19 @@ class _Worker:
 def _train(options, *, big):
   """Trains WAVES updates; returns the variables after them."""
   feeds = [_feeds(w, big=big) for w in range(2)]
-  cluster = _CLUSTER.acquire()
-  workers = []
-  try:
-    for task in range(2):  # The chief first: it initializes.
-      workers.append(_Worker(cluster, task, options))
-    for wave in range(WAVES):
-      support.run_concurrently([(w.step, feeds[i][wave])
-                                for i, w in enumerate(workers)])
-      support.wait_until(lambda s=wave + 1: workers[1].read()[0] == s,
-                         timeout=30, what="global_step == %d" % (wave + 1))
-    return workers[1].read()[1]
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    support.close_all(workers)
+  with _CLUSTER.use() as cluster:
+    workers = []
+    try:
+      for task in range(2):  # The chief first: it initializes.
+        workers.append(_Worker(cluster, task, options))
+      for wave in range(WAVES):
+        support.run_concurrently([(w.step, feeds[i][wave])
+                                  for i, w in enumerate(workers)])
+        support.wait_until(lambda s=wave + 1: workers[1].read()[0] == s,
+                           timeout=30, what="global_step == %d" % (wave + 1))
+      return workers[1].read()[1]
+    finally:
+      support.close_all(workers)
 
 
 def roundtrip(x, dtype):
@@ -243,21 +240,18 @@ def _crossing(options):
   """``{(from job, to job, dtype): [source tensor, ...]}``: what one traced
   step of a lone worker sends between tasks (its partition graphs'
   ``_Recv`` nodes)."""
-  cluster = _CLUSTER.acquire()
-  worker = None
-  try:
-    worker = _Worker(cluster, 0, options, replicas=1)
-    row = _feeds(0, big=False)[0]
-    worker.step(row)  # A graph's first run is not a steady step.
-    metadata = tf.compat.v1.RunMetadata()
-    worker.step(row, options=tf.compat.v1.RunOptions(
-        output_partition_graphs=True), run_metadata=metadata)
-  except BaseException:
-    _CLUSTER.discard()
-    raise
-  finally:
-    if worker is not None:
-      worker.close()
+  with _CLUSTER.use() as cluster:
+    worker = None
+    try:
+      worker = _Worker(cluster, 0, options, replicas=1)
+      row = _feeds(0, big=False)[0]
+      worker.step(row)  # A graph's first run is not a steady step.
+      metadata = tf.compat.v1.RunMetadata()
+      worker.step(row, options=tf.compat.v1.RunOptions(
+          output_partition_graphs=True), run_metadata=metadata)
+    finally:
+      if worker is not None:
+        worker.close()
   job = lambda device: tf.DeviceSpec.from_string(device).job
   crossing = {}
   for graph in metadata.partition_graphs:
