@@ -152,9 +152,7 @@ def _lost(monkeypatch):
   accepts the probe's connection, and the probe then reads its local step
   from its real server) and is closed when it leaves, so that from then on
   its task refuses connections, as a dead task's does."""
-  cluster = SHARED.acquire()
-  listener = socket.socket()
-  try:
+  with SHARED.use() as cluster, socket.socket() as listener:
     listener.bind(("127.0.0.1", 0))
     listener.listen(128)  # Never accepted: a probe only connects.
     spec = cluster.cluster_spec.as_dict()
@@ -162,11 +160,6 @@ def _lost(monkeypatch):
     spec["worker"][2] = "127.0.0.1:%d" % listener.getsockname()[1]
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
     yield types.SimpleNamespace(cluster=cluster, leave=listener.close)
-  except BaseException:
-    SHARED.discard()
-    raise
-  finally:
-    listener.close()
 
 
 def _gone_lines(caplog):
