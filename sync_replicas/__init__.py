@@ -17,6 +17,7 @@ if typing.TYPE_CHECKING:  # For readers and type checkers: the same names.
   from sync_replicas.cluster import LocalCluster
   from sync_replicas.errors import NotBuiltError
   from sync_replicas.errors import SyncStallError
+  from sync_replicas.errors import SyncTimeoutError
   from sync_replicas.errors import is_recoverable_error
   from sync_replicas.hook import SyncReplicasOptimizerHook
   from sync_replicas.legacy import SyncReplicasOptimizerV2
@@ -32,6 +33,7 @@ _HOMES = {
     "LocalCluster": "sync_replicas.cluster",
     "NotBuiltError": "sync_replicas.errors",
     "SyncStallError": "sync_replicas.errors",
+    "SyncTimeoutError": "sync_replicas.errors",
     "SyncReplicasOptimizer": "sync_replicas.optimizer",
     "SyncReplicasOptimizerHook": "sync_replicas.hook",
     "SyncReplicasOptimizerV2": "sync_replicas.legacy",
@@ -50,6 +52,7 @@ __all__ = [
     "SyncReplicasOptimizerHook",
     "SyncReplicasOptimizerV2",
     "SyncStallError",
+    "SyncTimeoutError",
     "__version__",
     "is_recoverable_error",
     "read_packed",

@@ -46,7 +46,10 @@ import typing
 
 import tensorflow as tf
 
+from sync_replicas import _compat
+from sync_replicas import _diagnose
 from sync_replicas import _gone
+from sync_replicas import _lost
 from sync_replicas import _step_record
 
 _LOG = logging.getLogger(__name__)
@@ -479,27 +482,42 @@ def log_done(ends, *, batches, done, is_chief, gone=0):
 
 
 def read_done(sess, ends):
-  """The keys of the workers whose input ended (and of those gone:
-  ``worker_gone_secs``); None without a ``data_end`` policy (``ends`` None)
-  or when the record cannot be read."""
+  """``(done, gone)``: the keys of the workers out of the updates (those
+  whose input ended and those gone: ``worker_gone_secs``, as the updates
+  count them) and, among them, the gone ones; ``(None, None)`` without a
+  ``data_end`` policy (``ends`` None) or when the record cannot be read."""
   if ends is None:
-    return None
+    return None, None
   try:
-    keys, _ = sess.run(ends.done_keys)
+    keys, values = sess.run(ends.done_keys)
   except Exception as e:  # pylint: disable=broad-except
     _LOG.debug("reading the workers done failed: %s", e)
-    return None
-  return sorted(int(k) for k in keys)
+    return None, None
+  return sorted(int(k) for k in keys), _gone.gone_keys(keys, values)
 
 
-def stall_part(done, ends, replicas_to_aggregate):
+def stall_part(done, ends, replicas_to_aggregate, *, gone=()):
   """The stall line's data-end part: ``(gradients the update needs, text)``,
   the text empty without a ``data_end`` policy (``ends`` None) or a record
-  that could not be read (``done``, from ``read_done``, None)."""
+  that could not be read (``done``, from ``read_done``, None). ``gone``:
+  the keys among ``done`` that are gone, named apart as the status tool
+  does (``out_clauses``)."""
   if done is None:
     return replicas_to_aggregate, ""
-  return ends.need(len(done)), "; " + done_clause(
-      done, total_num_replicas=ends.total_num_replicas)
+  return ends.need(len(done)), "; " + "; ".join(out_clauses(
+      done, gone, total_num_replicas=ends.total_num_replicas))
+
+
+def out_clauses(done, gone, *, total_num_replicas):
+  """The words on the workers out of the updates: those done, then (if
+  any) those gone; the chief's stall line joins them, the status tool
+  prints each on a line of its own (``data end:``, ``lost:``)."""
+  gone = sorted(gone or ())
+  clauses = [done_clause([k for k in done if k not in gone],
+                         total_num_replicas=total_num_replicas)]
+  if gone:
+    clauses.append(_gone.clause(gone, total_num_replicas=total_num_replicas))
+  return clauses
 
 
 def log_stop_together(*, step, dropped):
@@ -600,6 +618,56 @@ class AnnouncesDataEnd:
     ends = opt._data_end  # pylint: disable=protected-access
     if ends.enabled:
       ends.local_steps.record_address(sess)
+
+  def workers_gone(self, sess: "tf.compat.v1.Session") -> "list[int]":
+    """Not in stock: the keys of the workers declared gone
+    (``worker_gone_secs``), read from the record on the ps in one bounded
+    run; [] with ``data_end="stock"``.
+
+    A worker's key is its task index, the chief's 0. A gone worker never
+    says it is done: README's program has the chief put one item in the
+    ps's ``done`` queue for each, after its own (docs/operations.md, "A
+    worker lost for good").
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+      tf.errors.OpError: The record on the ps cannot be read.
+    """
+    opt: typing.Any = self
+    _ = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    if not ends.enabled:
+      return []
+    keys, values = sess.run(ends.done_keys, options=tf.compat.v1.RunOptions(
+        timeout_in_ms=RUN_TIMEOUT_MS))
+    return _gone.gone_keys(keys, values)
+
+  def chief_watch(self, sess: "tf.compat.v1.Session") -> typing.Any:
+    """Not in stock: a non-chief's watch on the chief, or None.
+
+    With a ``data_end`` policy (its record holds the chief's address), a
+    session on a remote master and an ``operation_timeout_in_ms``, a
+    ``_lost.ChiefWatch`` that the hook tells of each train run: a run
+    still waiting for a token shortly before that timeout, with the chief's
+    task not answering, ends the worker with ``SyncTimeoutError`` naming
+    the chief (docs/operations.md, "The chief lost for good").
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self
+    local_step = opt.local_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    config = _compat.session_config(sess)
+    timeout_ms = config.operation_timeout_in_ms if config else 0
+    # A session-like object without a target (a test's recorder) gets none.
+    if (not ends.enabled or not getattr(sess, "sess_str", None)
+        or timeout_ms <= 0):
+      return None
+    return _lost.ChiefWatch(
+        read_addresses=ends.local_steps.read_addresses,
+        local_step=_diagnose.local_step_spec(local_step),
+        total_num_replicas=ends.total_num_replicas, timeout_ms=timeout_ms)
 
   def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
     """Not in stock: what a worker's hook adds to a session run of

@@ -37,10 +37,13 @@ LocalStepSpec = collections.namedtuple(
     "LocalStepSpec", ["name", "dtype", "resource", "device"])
 # device: the task read (or the worker's key in the ps's record); step: its
 # local step, or None with ``error`` saying why it could not be read; done:
-# its input ended (data_end), so it pushes no more and is never stale.
+# its input ended (data_end), or "gone" (worker_gone_secs): either way the
+# updates do not wait for it, and it is never counted stale.
 LocalStep = collections.namedtuple("LocalStep",
                                    ["device", "step", "error", "done"],
                                    defaults=(False,))
+#: ``LocalStep.done`` of a worker declared gone.
+GONE = "gone"
 
 
 def local_step_spec(local_step):
@@ -246,7 +249,8 @@ def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
       generation * _restart.GENERATION_STRIDE if generations else 0)
   shown, stale, fresh = [], [], []
   for reading in local_steps:
-    done = " (done)" if reading.done else ""
+    done = " (%s)" % ("gone" if reading.done == GONE else "done") if (
+        reading.done) else ""
     if reading.step is None:
       shown.append("%s %s%s" % (reading.device, reading.error, done))
       continue

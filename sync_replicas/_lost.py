@@ -15,13 +15,28 @@ server answers nothing.
 """
 
 import errno
+import logging
 import socket
+import threading
+import time
 
 from sync_replicas import _compat
 from sync_replicas import _diagnose
+from sync_replicas import errors
+
+_LOG = logging.getLogger(__name__)
 
 #: Bound on the TCP probe of one task, in seconds.
 CONNECT_TIMEOUT_SECS = 2.0
+#: How long before the sessions' operation timeout the chief looks at an
+#: update that has not come, and a worker at the chief while its train run
+#: waits for a token: this fraction of the timeout, at least
+#: TIMEOUT_LEAD_MIN_SECS (the reads and the probe of a lost task take up to
+#: about 4 s), at most half of it.
+TIMEOUT_LEAD_FRACTION = 0.1
+TIMEOUT_LEAD_MIN_SECS = 5.0
+#: The key of the chief in the workers' records (``_data_end.worker_key``).
+CHIEF_KEY = 0
 
 REFUSED = "its task refuses connections (down)"
 NO_ANSWER = ("its task does not answer (stopped or hung, or its host or "
@@ -134,3 +149,119 @@ def stall_clause(sess, *, ends, done, counts, needed, reader):
       read_steps=lambda devices: reader.read(sess.sess_str, devices,
                                              config=config))
   return clause(lost, missing=missing)
+
+
+def timeout_lead(timeout_secs):
+  """Seconds before an operation timeout of ``timeout_secs`` that the
+  looks ahead of it are made."""
+  return min(max(TIMEOUT_LEAD_FRACTION * timeout_secs, TIMEOUT_LEAD_MIN_SECS),
+             timeout_secs / 2.0)
+
+
+def timeout_error(message):
+  """``SyncTimeoutError(message)`` as the ``exc_info`` tuple
+  ``Coordinator.request_stop`` takes outside an ``except`` block (raised
+  once, so that it carries a traceback)."""
+  try:
+    raise errors.SyncTimeoutError(message)
+  except errors.SyncTimeoutError as e:
+    return type(e), e, e.__traceback__
+
+
+class ChiefWatch:
+  """A non-chief's look at the chief while its train run waits for a token.
+
+  Only the chief's loop releases tokens: with the chief lost for good, every
+  worker's run waits until the sessions' operation timeout and ends with a
+  bare ``DeadlineExceededError``, as in stock. The hook notes each train
+  run's start and end (``run_started``, ``run_ended``); ``timeout_lead``
+  seconds before a run in flight would time out, this watch probes the
+  chief's task (its address from the record on the ps, ``lacking``'s
+  bounded probe). If the chief cannot push, it stops the worker's
+  coordinator with ``SyncTimeoutError`` naming it: the run still ends at
+  its timeout, and MonitoredSession's close then raises this error, the
+  bare one as its context. A chief that answers changes nothing.
+
+  Args:
+    read_addresses: Returns ``{key: "host:port"}`` from the record on the
+      ps, given a session.
+    local_step: The worker's ``_diagnose.LocalStepSpec`` (its device names
+      the job's tasks; the probe reads the chief's).
+    total_num_replicas: Workers in the job.
+    timeout_ms: The sessions' ``operation_timeout_in_ms``.
+    clock: ``time.monotonic`` (for tests).
+  """
+
+  def __init__(self, *, read_addresses, local_step, total_num_replicas,
+               timeout_ms, clock=time.monotonic):
+    self._read_addresses = read_addresses
+    self._reader = _diagnose.LocalStepReader(local_step)
+    self._devices = key_devices(local_step.device, total_num_replicas)
+    self._timeout_ms, self._clock = timeout_ms, clock
+    self._lock = threading.Lock()
+    self._started = None  # When the train run in flight began, or None.
+
+  def run_started(self):
+    with self._lock:
+      self._started = self._clock()
+
+  def run_ended(self):
+    with self._lock:
+      self._started = None
+
+  def _in_flight(self):
+    with self._lock:
+      return self._started
+
+  def thread(self, session, coord):
+    """The watch of ``session`` (not started)."""
+    return threading.Thread(target=self._run, args=(session, coord),
+                            name="SyncReplicasChiefWatch", daemon=True)
+
+  def _run(self, session, coord):
+    timeout_secs = self._timeout_ms / 1000.0
+    lead = timeout_lead(timeout_secs)
+    looked = None  # The run (its start) already looked at.
+    while True:
+      started = self._in_flight()
+      if started is None or started == looked:
+        due = self._clock() + min(lead / 2.0, 1.0)
+      else:
+        due = started + timeout_secs - lead
+      if coord.wait_for_stop(max(due - self._clock(), 0.0)):
+        return
+      if started is None or started == looked or (
+          self._in_flight() != started):
+        continue
+      looked = started
+      lost = self._chief_lost(session)
+      if not lost or self._in_flight() != started:
+        continue
+      _, device, address, reason = lost[0]
+      waited = self._clock() - started
+      message = (
+          "Operation timed out: this worker's train run has waited %.0f s "
+          "for a token, and the sessions' operation_timeout_in_ms=%d ends "
+          "it in %.0f s: only the chief releases tokens, and the chief, "
+          "worker key %d (%s%s), cannot: %s. Restart the chief's task (the "
+          "same task index and checkpoint directory): it resumes from the "
+          "last checkpoint, and the workers restarted after it rejoin "
+          "(docs/operations.md, \"The chief lost for good\")." % (
+              waited, self._timeout_ms, max(timeout_secs - waited, 0.0),
+              CHIEF_KEY, device or "task unknown",
+              " at %s" % address if address else "", reason))
+      _LOG.error("sync_replicas: %s", message)
+      coord.request_stop(timeout_error(message))
+      return
+
+  def _chief_lost(self, session):
+    """``lacking``'s finding on the chief, [] if it answers (or its
+    address cannot be read)."""
+    addresses = self._read_addresses(session)
+    if CHIEF_KEY not in addresses:
+      return []
+    config = _compat.session_config(session)
+    return lacking(
+        keys={CHIEF_KEY}, addresses=addresses, devices=self._devices,
+        read_steps=lambda devices: self._reader.read(
+            session.sess_str, devices, config=config))

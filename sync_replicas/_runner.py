@@ -632,6 +632,20 @@ def _read_local_steps(sess, local_step, reader):
     return ()
 
 
+def _timeout_error(waited, timeout_ms, what):
+  """The ``SyncTimeoutError`` the look before the operation timeout stops
+  with, as ``_stall_error``'s tuple."""
+  return _lost.timeout_error(
+      "Operation timed out: no update for %.0f s, and the sessions' "
+      "operation_timeout_in_ms=%d ends every run waiting for it in %.0f s: "
+      "%s. The update cannot come while a worker it needs cannot push: "
+      "restart that worker's task (the same task index), or let the job go "
+      "on without it with worker_gone_secs (or the environment's "
+      "SYNC_REPLICAS_WORKER_GONE_SECS) below the operation timeout "
+      "(docs/operations.md, \"A worker lost for good\")."
+      % (waited, timeout_ms, max(timeout_ms / 1000.0 - waited, 0.0), what))
+
+
 def _stall_error(waited, timeout_secs, what, *, replicas_to_aggregate):
   """The ``SyncStallError`` a stall past ``stall_timeout_secs`` stops with,
   as the ``exc_info`` tuple ``Coordinator.request_stop`` takes outside an
@@ -688,6 +702,9 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # Set when data_end="stop_together" ended the job: the stop closes the
     # token queue even while the chief's own run waits for a token.
     self._ended_with_the_data = False
+    # When the last update ran (self.clock()), None before the first: what
+    # the look before the operation timeout counts from.
+    self._updated_at = None
 
   @property
   def serving(self):
@@ -715,8 +732,13 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   def sync_callable(self, sess, feed_list=None):
     """A callable that runs the sync op once, as the loops do (recording the
     update on the timeline, if there is one)."""
-    return _timeline.chief_callable(self._timeline, sess, self.sync_op,
-                                    feed_list=feed_list)
+    run = _timeline.chief_callable(self._timeline, sess, self.sync_op,
+                                   feed_list=feed_list)
+
+    def run_and_note(*feeds):
+      run(*feeds)
+      self._updated_at = self.clock()
+    return run_and_note
 
   def follow_runs(self, sess, run_state):
     """The hook's view of ``sess``'s runs, read when its threads stop.
@@ -763,6 +785,15 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       threads.append(threading.Thread(
           target=self._watch, args=(sess, coord),
           name="SyncQueueRunnerWatch-%s" % self.name))
+      config = _compat.session_config(sess)
+      timeout_ms = config.operation_timeout_in_ms if config else 0
+      # Only our loops note each update (sync_callable), and only against a
+      # remote master are there tasks to lose.
+      if (self._prompt_stop and sess.sess_str and timeout_ms > 0):
+        threads.append(threading.Thread(
+            target=self._look_before_timeout,
+            args=(sess, coord, timeout_ms),
+            name="SyncQueueRunnerTimeout-%s" % self.name))
     for t in threads:
       if coord is not None:
         coord.register_thread(t)  # A set: registering twice is harmless.
@@ -904,6 +935,87 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     finally:
       self._finish(sess)
 
+  def _look_before_timeout(self, sess, coord, timeout_ms):
+    """Stops the job with ``SyncTimeoutError`` when an update has not come
+    ``timeout_lead`` seconds before the sessions' operation timeout and a
+    worker it needs cannot push.
+
+    Stock's job ends at that timeout, every waiting run with a bare
+    ``DeadlineExceededError``. The runs that time out are the sync loop's
+    take and every worker's wait for a token, each started at about the
+    last update; the chief's own run fails with the rest, and a
+    coordinator stopped after that keeps no error. So the chief looks
+    first, once per update that does not come: from the record on the ps
+    and the probe of each worker not done (``_lost``), the stall line's
+    words. If they name a worker that cannot push, the job stops with them
+    (the closer then closes the token queue: the workers' runs end before
+    their timeout); if not (slow workers), the timeout comes as in stock.
+    """
+    timeout_secs = timeout_ms / 1000.0
+    lead = _lost.timeout_lead(timeout_secs)
+    started = self.clock()
+    looked = None  # The last update (or start) a look was made after.
+    while True:
+      since = self._updated_at
+      base = started if since is None else max(since, started)
+      due = base + timeout_secs - lead
+      if looked == base:
+        due = self.clock() + min(lead / 2.0, 1.0)  # For the next update.
+      if coord.wait_for_stop(max(due - self.clock(), 0.0)):
+        return
+      if self._updated_at != since or looked == base:
+        continue
+      looked = base
+      found = self._stall_text(sess, coord)
+      if found is None or self._updated_at != since or not found[1]:
+        continue
+      waited = self.clock() - base
+      _LOG.error("sync_replicas: no update for %.0f s, the sessions' "
+                 "operation timeout (%d ms) comes in %.0f s, and a worker "
+                 "the update needs cannot push: the job stops now with "
+                 "SyncTimeoutError", waited, timeout_ms,
+                 max(timeout_secs - waited, 0.0))
+      self._report(coord, _timeout_error(waited, timeout_ms, found[0]))
+      return
+
+  def _stall_text(self, sess, coord):
+    """``(what the update waits for, whether it names a worker that cannot
+    push)``, read once; None if the read failed."""
+    try:
+      step, counts, tokens, starts = sess.run(
+          [self.global_step, self.status.num_accumulated,
+           self.status.tokens, self.status.starts])
+    except Exception as e:  # pylint: disable=broad-except
+      if not self._stopping(coord):
+        _LOG.debug("status read failed: %s", e)
+      return None
+    return self._verdict(sess, step=step, counts=counts, tokens=tokens,
+                         starts=starts)
+
+  def _verdict(self, sess, *, step, counts, tokens, starts):
+    """The stall line's words after ``no update for N s: ``, and whether
+    they name a worker that cannot push."""
+    ends = self._loop.data_end
+    done, gone = _data_end.read_done(sess, ends)
+    needed, done_clause = _data_end.stall_part(
+        done, ends, self.replicas_to_aggregate, gone=gone)
+    # The workers' record on the ps (a data_end policy's); else each
+    # worker task's local step, which device filters may hide.
+    local_steps = (ends.local_steps.read(sess, done, gone)
+                   if ends is not None and done is not None else None)
+    if local_steps is None:
+      local_steps = _read_local_steps(sess, self._local_step,
+                                      self._local_steps)
+    lost = _lost.stall_clause(sess, ends=ends, done=done, counts=counts,
+                              needed=needed, reader=self._local_steps)
+    what = _diagnose.verdict(
+        names=self.status.names, counts=counts, tokens=tokens,
+        replicas_to_aggregate=needed, global_step=int(step),
+        starts=int(starts),
+        generations=self.global_step.dtype.base_dtype == tf.int64,
+        local_steps=local_steps) + done_clause + lost
+    return what, bool(lost)
+
   def _watch(self, sess, coord):
     """Logs what a stalled update waits for; stops the job past a timeout."""
     period = min(x for x in (self._stall_log_secs, self._stall_timeout_secs)
@@ -923,24 +1035,8 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         last_step, since = step, now
         continue
       waited = now - since
-      ends = self._loop.data_end
-      done = _data_end.read_done(sess, ends)
-      needed, done_clause = _data_end.stall_part(
-          done, ends, self.replicas_to_aggregate)
-      # The workers' record on the ps (a data_end policy's); else each
-      # worker task's local step, which device filters may hide.
-      local_steps = (ends.local_steps.read(sess, done)
-                     if ends is not None and done is not None else None)
-      if local_steps is None:
-        local_steps = _read_local_steps(sess, self._local_step,
-                                        self._local_steps)
-      what = _diagnose.verdict(
-          names=self.status.names, counts=counts, tokens=tokens,
-          replicas_to_aggregate=needed, global_step=int(step), starts=int(starts),
-          generations=self.global_step.dtype.base_dtype == tf.int64,
-          local_steps=local_steps) + done_clause + _lost.stall_clause(
-              sess, ends=ends, done=done, counts=counts, needed=needed,
-              reader=self._local_steps)
+      what, _ = self._verdict(sess, step=step, counts=counts, tokens=tokens,
+                              starts=starts)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         self._report(coord, _stall_error(
             waited, self._stall_timeout_secs, what,

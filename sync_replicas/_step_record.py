@@ -122,10 +122,11 @@ class LocalStepRecord:
       return None
     return self._insert
 
-  def read(self, session, done_keys):
+  def read(self, session, done_keys, gone_keys=()):
     """``_diagnose.LocalStep`` readings labelled by key, those in
-    ``done_keys`` marked done; None if the record is empty (no hook ran a
-    train step yet, or a Supervisor loop) or cannot be read.
+    ``done_keys`` marked done (``_diagnose.GONE`` for those also in
+    ``gone_keys``); None if the record is empty (no hook ran a train step
+    yet, or a Supervisor loop) or cannot be read.
 
     When every key is a task index (below ``total_num_replicas``), a
     worker that never finished a train step is listed too.
@@ -138,12 +139,14 @@ class LocalStepRecord:
     found = {int(k): int(v) for k, v in zip(keys, steps, strict=True)
              if int(v) >= 0}
     done = {int(k) for k in done_keys or ()}
+    gone = {int(k) for k in gone_keys or ()}
     every = set(found) | done
     if all(0 <= k < self._total for k in every):
       every |= set(range(self._total))
     return [_diagnose.LocalStep(
         "key %d" % k, found.get(k), None if k in found else "no step yet",
-        done=k in done) for k in sorted(every)]
+        done=_diagnose.GONE if k in gone else k in done)
+            for k in sorted(every)]
 
   def record_address(self, session, *, environ=None):
     """Records this worker's task address under its key, and the

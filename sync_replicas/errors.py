@@ -25,6 +25,22 @@ class SyncStallError(RuntimeError):
   """
 
 
+class SyncTimeoutError(tf.errors.DeadlineExceededError, SyncStallError):
+  """An update cannot come before the sessions' operation timeout.
+
+  Not in stock, which ends every run that waits for the update with a bare
+  ``DeadlineExceededError: Operation timed out`` at
+  ``operation_timeout_in_ms``. The chief raises this one a little before
+  that, when the update lacks a gradient that a worker it names cannot push
+  (its task is down, unreachable, or silent): the message says which worker,
+  its address and why. It is a ``tf.errors.DeadlineExceededError``, so code
+  that catches stock's error catches it, and a ``SyncStallError``.
+  """
+
+  def __init__(self, message: str) -> None:
+    super().__init__(None, None, message)
+
+
 #: What MonitoredSession recreates its session for (its
 #: ``_PREEMPTION_ERRORS``): a task restarted or could not be reached.
 PREEMPTION_ERRORS = (tf.errors.AbortedError, tf.errors.UnavailableError)

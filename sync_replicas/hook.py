@@ -75,6 +75,9 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._open_run = False
     self._train_steps = 0  # Runs that returned, for the data-end log line.
     self._coord = None
+    # A non-chief's watch on the chief while a train run waits for a token
+    # (``_lost.ChiefWatch``), per session; None on the chief or without it.
+    self._chief_watch = None
 
   @property
   def is_chief(self) -> bool:
@@ -134,6 +137,15 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
         ends.restore(session)
     if self._timeline is not None:
       self._timeline.session_started(session)
+    self._chief_watch = None
+    if not self._is_chief:
+      # The chief lost for good: named before the operation timeout ends
+      # this worker's run (docs/operations.md, "The chief lost for good").
+      self._chief_watch = self._sync_optimizer.chief_watch(session)
+      if self._chief_watch is not None:
+        watch = self._chief_watch.thread(session, coord)
+        coord.register_thread(watch)
+        watch.start()
     if self._init_tokens_op is not None:
       session.run(self._init_tokens_op)
     if self._stats_logger is not None:
@@ -161,6 +173,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       # This worker's new local step, kept on the ps by the run's own ps
       # partition, for the chief's stall line (data_end).
       fetches[_LOCAL_STEP_KEY] = record
+      if self._chief_watch is not None:
+        self._chief_watch.run_started()
     return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(
@@ -168,6 +182,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       run_values: "tf.compat.v1.train.SessionRunValues") -> None:
     self._open_run = False
     self._train_steps += 1
+    if self._chief_watch is not None:
+      self._chief_watch.run_ended()
     if self._run_state is not None:
       self._run_state.in_run = False
     results = dict(run_values.results or {})

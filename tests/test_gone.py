@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import support
+import test_lost
 import test_recovery
 
 #: worker_gone_secs in these tests.
@@ -200,3 +201,53 @@ def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
   assert ("  data end: 1 of 3 workers done, their input ended (keys 0)"
           in lines), lines
   assert "  lost: 1 of 3 workers gone (worker_gone_secs; keys 2)" in lines
+
+
+@NEWEST_ONLY
+@pytest.mark.timeout(240)
+def test_readme_program_ends_every_process_with_a_worker_gone(tmp_path):
+  """README's program with the chief's item for each gone worker
+  (``tests/lost_task.py``) and worker_gone_secs from the environment, as an
+  unchanged script gets it: worker 2 SIGKILLed, the chief and worker 1 reach
+  the step limit, and the ps, which waits for an item from every replica,
+  exits once they are done."""
+  last_step = 150
+  job = test_lost.Readme(tmp_path, "ours", steps=last_step,
+                         env={"SYNC_REPLICAS_WORKER_GONE_SECS": "%g" % GONE_SECS})
+  try:
+    support.wait_until(lambda: job.step() >= 20, timeout=120,
+                       what="the chief past step 20", interval=0.1)
+    support.kill_group(job.procs[("worker", 2)])
+    for task, job_name in [(0, "worker"), (1, "worker"), (0, "ps")]:
+      support.wait_until(lambda t=task, j=job_name: job.end(t, j) is not None,
+                         timeout=120, what="%s%d to end" % (job_name, task),
+                         interval=0.1)
+      end = job.end(task, job_name)
+      assert end["event"] == "done", (end, job.log(task, job_name)[-3000:])
+      if job_name == "worker":
+        assert end["step"] >= last_step, end
+    assert job.end(0)["gone"] == [2], job.end(0)
+    assert job.procs[("ps", 0)].wait(timeout=30) == 0
+  finally:
+    job.close()
+
+
+def test_stall_line_lists_the_gone_workers_apart_from_the_done_ones():
+  from sync_replicas import _data_end  # pylint: disable=g-import-not-at-top
+  from sync_replicas import _diagnose  # pylint: disable=g-import-not-at-top
+  ends = _data_end.DataEnd(
+      _data_end.TRAIN_ALL, replicas_to_aggregate=3, total_num_replicas=3,
+      tokens_per_step=3, shared_prefix="")
+  needed, text = _data_end.stall_part([0, 2], ends, 3, gone=[2])
+  # The status tool's two lines' words (the test above), joined.
+  assert needed == 1
+  assert text == ("; 1 of 3 workers done, their input ended (keys 0); 1 of 3 "
+                  "workers gone (worker_gone_secs; keys 2)"), text
+  steps = _diagnose.replicas_clause(
+      [_diagnose.LocalStep("key 0", 7, None, done=True),
+       _diagnose.LocalStep("key 1", 6, None),
+       _diagnose.LocalStep("key 2", 5, None, done=_diagnose.GONE)],
+      global_step=7, tokens=0, starts=None, generations=False, waiting=True)
+  assert steps.startswith(
+      "workers' local steps: key 0 7 (done), key 1 6, key 2 5 (gone); "
+      "every push from key 1 is stale"), steps

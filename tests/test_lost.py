@@ -5,12 +5,21 @@ address is a listening socket that never answers (the kernel accepts its
 connections, as for a SIGSTOPped task) and worker 2's a port where nothing
 listens (a task that died). Each recorded its address on the ps at its
 session's start, as our hook does, before it was lost.
+
+The op-timeout test runs README's program as processes instead (1 ps, 3
+workers, ``tests/lost_task.py``), stock's class and ours side by side, with
+worker 2 SIGKILLed: what ends the chief is the error the user sees.
 """
 
 import io
 import json
 import logging
+import os
+import pathlib
 import socket
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -19,6 +28,7 @@ import tensorflow as tf
 import support
 import sync_replicas
 from sync_replicas import _lost
+from sync_replicas import _ports
 from sync_replicas import _step_record
 
 STALL_LOG_SECS = 0.3
@@ -158,3 +168,155 @@ def test_probe_tells_refused_from_silent():
     assert "does not resolve" in _lost.probe_address("no-such-host.invalid:1")
   finally:
     silent.close()
+
+
+LOST_TASK = pathlib.Path(__file__).with_name("lost_task.py")
+#: The sessions' operation timeout in the op-timeout test: past the longest
+#: step on the shared machine, short for the test's time.
+TIMEOUT_MS = 12_000
+
+
+class Readme:
+  """README's program as 1 ps and 3 worker processes (``lost_task.py``),
+  with stock's class or ours, every update averaging all 3 gradients;
+  ``env``: more of the tasks' environment.
+
+  The chief starts last, once the others' servers are up: its sync loop's
+  first take starts with its session, and the first update needs every
+  worker's first gradient, so a worker still importing TensorFlow when the
+  short operation timeout runs out would end the job at its start.
+  """
+
+  def __init__(self, tmp_path, impl, *, steps=100_000, env=None):
+    self._dir = tmp_path / impl
+    self._dir.mkdir()
+    ports = _ports.free_ports(4)
+    self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
+                    "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
+    self._spec = {"cluster": self.cluster, "impl": impl, "replicas": 3,
+                  "steps": steps, "op_timeout_ms": TIMEOUT_MS}
+    self.procs = {}
+    copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
+    self._env = dict(os.environ, PYTHONPATH=support.pythonpath(
+        *copy, LOST_TASK.parents[1]), **(env or {}))
+    for job, task in [("ps", 0), ("worker", 1), ("worker", 2)]:
+      self._start(job, task)
+    for job, task in [("ps", 0), ("worker", 1), ("worker", 2)]:
+      address = self.cluster[job][task]
+      support.wait_until(lambda a=address: _lost.probe_address(a) is None,
+                         timeout=120, what="%s%d's server" % (job, task),
+                         interval=0.1)
+    self._start("worker", 0)
+
+  def _start(self, job, task):
+    spec = dict(self._spec, job=job, task=task,
+                out=str(self._dir / ("%s%d.jsonl" % (job, task))))
+    with open(self._dir / ("%s%d.log" % (job, task)), "ab") as log:
+      self.procs[(job, task)] = subprocess.Popen(
+          [sys.executable, str(LOST_TASK), json.dumps(spec)], stdout=log,
+          stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
+
+  def records(self, task, job="worker"):
+    path = self._dir / ("%s%d.jsonl" % (job, task))
+    if not path.exists():
+      return []
+    found = []
+    for line in path.read_text().splitlines():
+      try:
+        found.append(json.loads(line))
+      except ValueError:  # A line still being written.
+        break
+    return found
+
+  def step(self):
+    steps = [r["step"] for r in self.records(0) if r["event"] == "step"]
+    return steps[-1] if steps else -1
+
+  def end(self, task, job="worker"):
+    ends = [r for r in self.records(task, job)
+            if r["event"] in ("done", "error")]
+    return ends[0] if ends else None
+
+  def log(self, task, job="worker"):
+    return (self._dir / ("%s%d.log" % (job, task))).read_text(
+        errors="replace")
+
+  def close(self):
+    for proc in self.procs.values():
+      support.kill_group(proc)
+
+
+@pytest.mark.timeout(240)
+def test_op_timeout_names_the_lost_worker_where_stock_says_only_timed_out(
+    tmp_path):
+  jobs = {impl: Readme(tmp_path, impl) for impl in ("stock", "ours")}
+  try:
+    for impl, job in jobs.items():
+      support.wait_until(lambda j=job: j.step() >= 20, timeout=120,
+                         what="%s's chief past step 20" % impl, interval=0.1)
+    killed = {}
+    for impl, job in jobs.items():
+      support.kill_group(job.procs[("worker", 2)])
+      killed[impl] = time.time()
+    for impl, job in jobs.items():
+      support.wait_until(lambda j=job: j.end(0) is not None,
+                         timeout=TIMEOUT_MS / 1000 + 90,
+                         what="%s's chief to end" % impl, interval=0.1)
+    ends = {impl: job.end(0) for impl, job in jobs.items()}
+    address = jobs["ours"].cluster["worker"][2]
+    # Stock: the bare timeout, nothing about the lost worker.
+    stock = ends["stock"]
+    assert stock["event"] == "error" and stock["deadline"], stock
+    assert jobs["stock"].cluster["worker"][2] not in stock["message"], stock
+    # Ours: an error stock's except clause still catches, naming worker 2,
+    # its address and why, and what to do; before the operation timeout.
+    ours = ends["ours"]
+    assert ours["event"] == "error", (ours, jobs["ours"].log(0)[-3000:])
+    assert ours["type"] == "SyncTimeoutError" and ours["deadline"], ours
+    assert ours["message"].startswith("Operation timed out: no update for ")
+    assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s" % (
+        address, _lost.REFUSED)) in ours["message"], ours["message"]
+    assert "worker_gone_secs" in ours["message"], ours["message"]
+    lead = _lost.timeout_lead(TIMEOUT_MS / 1000)
+    print("stock's chief: %s: %s" % (stock["type"], stock["message"][:300]))
+    print("ours' chief, %.1f s after the kill (timeout %d ms, lead %.0f s): "
+          "%s: %s" % (ours["t"] - killed["ours"], TIMEOUT_MS, lead,
+                      ours["type"], ours["message"]))
+    # Worker 1 ends too, at once: the chief closed the token queue.
+    for impl, job in jobs.items():
+      support.wait_until(lambda j=job: j.end(1) is not None, timeout=60,
+                         what="%s's worker 1 to end" % impl, interval=0.1)
+      print("%s's worker 1: %s" % (impl, job.end(1)))
+  finally:
+    for job in jobs.values():
+      job.close()
+
+
+@pytest.mark.timeout(180)
+def test_chief_lost_for_good_ends_every_worker_with_an_error_naming_it(
+    tmp_path):
+  job = Readme(tmp_path, "ours")
+  try:
+    support.wait_until(lambda: job.step() >= 20, timeout=120,
+                       what="the chief past step 20", interval=0.1)
+    support.kill_group(job.procs[("worker", 0)])
+    killed = time.time()
+    address = job.cluster["worker"][0]
+    for task in (1, 2):
+      support.wait_until(lambda t=task: job.end(t) is not None,
+                         timeout=TIMEOUT_MS / 1000 + 60,
+                         what="worker %d to end" % task, interval=0.1)
+      end = job.end(task)
+      assert end["event"] == "error", (end, job.log(task)[-3000:])
+      # Stock's error type, at stock's time (the run's own timeout), with
+      # the chief named: its task, its address and why.
+      assert end["type"] == "SyncTimeoutError" and end["deadline"], end
+      assert ("the chief, worker key 0 (/job:worker/replica:0/task:0 at "
+              "%s), cannot: %s" % (address, _lost.REFUSED)) in (
+                  end["message"]), end["message"]
+      took = end["t"] - killed
+      assert took < TIMEOUT_MS / 1000 + 30, took
+      print("worker %d, %.1f s after the chief's kill: %s: %s" % (
+          task, took, end["type"], end["message"]))
+  finally:
+    job.close()

@@ -102,13 +102,12 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
       replicas_to_aggregate=needed, global_step=state["global_step"])
   lines.append("  next: " + verdict)
   if state.get("done") is not None:
-    gone = state.get("gone") or []
-    lines.append("  data end: " + _data_end.done_clause(
-        [k for k in state["done"] if k not in gone],
-        total_num_replicas=manifest["total_num_replicas"]))
-    if gone:
-      lines.append("  lost: " + _gone.clause(
-          gone, total_num_replicas=manifest["total_num_replicas"]))
+    # The chief's stall line's words, each on a line of its own; no
+    # "lost:" line without a gone worker (the shorter list wins).
+    for label, clause in zip(["data end", "lost"], _data_end.out_clauses(
+        state["done"], state.get("gone"),
+        total_num_replicas=manifest["total_num_replicas"]), strict=False):
+      lines.append("  %s: %s" % (label, clause))
   if replicas_line:
     lines.append("  replicas: " + replicas_line)
   if stalled_secs is not None and stall_secs and stalled_secs >= stall_secs:
