@@ -31,6 +31,13 @@ _PY = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"
 _SAMPLES = [
     ("23462.333932670", "ffffffff815d2e66", "tcp_sendmsg_locked",
      "[kernel.kallsyms]"),
+    ("23462.333942670", "ffffffff815d2e67", "finish_task_switch.isra.0",
+     "[kernel.kallsyms]"),
+    ("23462.333952670", "ffffffff815d2e68", "clear_page_erms",
+     "[kernel.kallsyms]"),
+    ("23462.333962670", "7f2d674fa8b0",
+     "Eigen::ThreadPoolTempl<tsl::thread::EigenEnvironment>::GlobalSteal()",
+     _FW),
     ("23462.334021785", "7fe6292100c2", "__memmove_avx_unaligned_erms",
      _LIBC),
     ("23462.335211470", "7f2d674fa8b4",
@@ -75,21 +82,22 @@ def _tool():
 def test_every_sample_line_is_parsed_with_its_time_function_and_library(
     tool):
   samples = tool.parse_script(SCRIPT)
-  assert len(samples) == 12
+  assert len(samples) == 15
   assert samples[0] == (23462.33393267, "tcp_sendmsg_locked",
                         "[kernel.kallsyms]")
   # A demangled C++ function keeps its parentheses; the library is the last
   # parenthesized group.
-  assert samples[3][1].startswith("tensorflow::grpc::EncodeTensorToByteBuffer(")
-  assert samples[3][2] == "/x/libtensorflow_cc.so.2"
-  assert samples[10][1:] == ("[unknown]", "[unknown]")
+  assert samples[6][1].startswith("tensorflow::grpc::EncodeTensorToByteBuffer(")
+  assert samples[6][2] == "/x/libtensorflow_cc.so.2"
+  assert samples[13][1:] == ("[unknown]", "[unknown]")
 
 
 @pytest.mark.version_independent
 def test_each_function_falls_in_the_category_its_cost_belongs_to(tool):
   names = [tool.category(symbol, dso)
            for _, symbol, dso in tool.parse_script(SCRIPT)]
-  assert names == ["kernel", "copies", "grpc", "serialization",
+  assert names == ["kernel: network", "kernel: scheduling", "kernel: other",
+                   "thread pools", "copies", "grpc", "serialization",
                    "accumulators", "math", "runtime", "allocation", "casts",
                    "python", "other", "serialization"]
   assert set(names) <= set(tool.NAMES)
