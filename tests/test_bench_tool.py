@@ -391,3 +391,47 @@ def test_a_variant_is_ours_with_its_options_reported_against_ours(
     with pytest.raises(SystemExit):
       bench.main(argv + ["--variant", bad])
     assert why in capsys.readouterr().err, bad
+
+
+def _reads_the_gradients_need(scenario, *, control_edges):
+  """The variables whose reads the scenario's gradients need, as the bench's
+  optimizer computes them (GradientDescent's ``compute_gradients``, its
+  default gating, GATE_OP), following data edges and, if
+  ``control_edges``, control edges too; and the model's variable count."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import _bench_task  # pylint: disable=g-import-not-at-top
+
+  cluster = tf.train.ClusterSpec({"ps": ["a:1"], "worker": ["w:1"]})
+  with tf.Graph().as_default(), tf.compat.v1.device(
+      tf.compat.v1.train.replica_device_setter(cluster=cluster)):
+    loss = _bench_task.build_model(scenario, np.random.default_rng(0))
+    variables = tf.compat.v1.trainable_variables()
+    grads = tf.compat.v1.train.GradientDescentOptimizer(
+        0.1).compute_gradients(loss, variables)
+    stack, seen = [g.op for g, _ in grads], set()
+    while stack:  # Every op the gradients need.
+      op = stack.pop()
+      if op not in seen:
+        seen.add(op)
+        stack.extend(t.op for t in op.inputs)
+        if control_edges:
+          stack.extend(op.control_inputs)
+    handles = {v.handle.op: v.name for v in variables}
+    read = {handles[op.inputs[0].op] for op in seen
+            if op.type == "ReadVariableOp" and op.inputs[0].op in handles}
+    return read, len(variables)
+
+
+def test_many_reads_its_variables_only_through_gating_many_stacked_for_data():
+  """The linear model's gradients are its input (d loss / d v = x), so no
+  gradient needs a variable's value; its step still reads all 200, because
+  GATE_OP groups each Mul's two input gradients and the data input's is
+  grad * v. "many_stacked" (the same 200 variables as one tanh layer's
+  matrix) needs every value as data, as a real model's gradients do."""
+  read, count = _reads_the_gradients_need("many", control_edges=False)
+  assert count == 200 and not read, sorted(read)[:5]
+  read, count = _reads_the_gradients_need("many", control_edges=True)
+  assert count == 200 and len(read) == 200, len(read)
+  read, count = _reads_the_gradients_need("many_stacked", control_edges=False)
+  assert count == 200 and len(read) == 200, len(read)

@@ -66,6 +66,19 @@ def peer_model(scenario, rng):
     return linear(task_lib.MANY[scenario], 100)
   if scenario == "flat":
     return linear(1, 20_000)
+  if scenario in task_lib.STACKED:
+    count, size, examples = task_lib.STACKED[scenario]
+    variables = [tf.Variable(tf.zeros([size]), name="v%d" % i)
+                 for i in range(count)]
+    batch = [tf.constant(rng.normal(size=(examples, count)).astype(
+        np.float32)), tf.constant(rng.normal(size=(examples, size)).astype(
+            np.float32))]
+
+    def stacked_loss(vs, xs):
+      x, target = xs
+      hidden = tf.tanh(tf.matmul(x, tf.stack(vs)))
+      return tf.reduce_mean(tf.square(hidden - target))
+    return variables, batch, stacked_loss
   if scenario in task_lib.MLPS or scenario in task_lib.SPLIT:
     # Without a ps there is nothing to split a matrix over: the same MLP.
     sizes, examples = task_lib.MLPS[task_lib.SPLIT.get(scenario, scenario)]

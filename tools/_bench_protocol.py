@@ -38,7 +38,13 @@ SCALE_SCENARIOS = ["many_1000", "many_4000"]
 #: each): how a model with one dominant matrix uses more ps tasks
 #: (tools/linkcost); named, never run by default.
 SPLIT_SCENARIOS = ["mlp_split"]
-SCENARIOS = DEFAULT_SCENARIOS + SCALE_SCENARIOS + SPLIT_SCENARIOS
+#: Many small variables whose gradients read them (the many model's 200
+#: variables stacked into one tanh layer's matrix): what packed and
+#: prefetched reads speed up when a step reads; in --peers, not in the
+#: default matrix.
+READ_SCENARIOS = ["many_stacked"]
+SCENARIOS = (DEFAULT_SCENARIOS + SCALE_SCENARIOS + SPLIT_SCENARIOS
+             + READ_SCENARIOS)
 #: Stock's SyncReplicasOptimizer, ours, and the plain optimizer (no barrier).
 IMPLS = ["stock", "ours", "async"]
 #: The peers: tf.distribute.MultiWorkerMirroredStrategy, W worker processes

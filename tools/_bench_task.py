@@ -78,6 +78,14 @@ def _linear_loss(variables, rng, *, packed_reads=False):
 #: Models of many small dense variables (100 floats each), by variable count:
 #: how the costs grow with V (docs/scaling.md).
 MANY = {"many": 200, "many_1000": 1000, "many_4000": 4000}
+#: Many small variables whose gradients read them: (variables, floats each,
+#: per-worker batch). The linear models above (small, many) have gradients
+#: that are their input, d loss / d v = x, so a step's train op reads no
+#: variable at all and packed or prefetched reads have nothing to speed up
+#: there; this one stacks its variables into one matrix of a tanh layer
+#: (h = tanh(x @ stack(v)), a squared error), whose gradients need every
+#: variable's value, as a real model's do.
+STACKED = {"many_stacked": (200, 100, 32)}
 #: Multi-layer perceptrons: (layer sizes, per-worker batch). ``mlp`` is the
 #: MNIST-sized one the issue comparing with MultiWorkerMirroredStrategy
 #: measured (6 variables, 2 of them over the packing limit).
@@ -105,6 +113,12 @@ def build_model(scenario, rng, *, ps_tasks=1):
     return _linear_loss(_dense_vars(10, 100), rng)
   if scenario in MANY:
     return _linear_loss(_dense_vars(MANY[scenario], 100), rng)
+  if scenario in STACKED:
+    count, size, examples = STACKED[scenario]
+    matrix = tf.stack(_dense_vars(count, size))
+    hidden = tf.tanh(tf.matmul(_data(rng, (examples, count)), matrix))
+    target = tf.constant(rng.normal(size=(examples, size)).astype(np.float32))
+    return tf.reduce_mean(tf.square(hidden - target))
   if scenario == "many_packed_reads":
     # The same model, reading its variables with sync_replicas.read_packed:
     # one transfer per ps task instead of 200 (stock's optimizer too).

@@ -43,6 +43,14 @@ of any run from Python here: a session.run of a no-op on the worker.
 
 The absolute times here are one machine's; the question answered is the
 share each category takes, fused against default, in the same process.
+The op times are wall intervals (an op preempted by another process is
+longer), the CPU per step is the process's CPU (``time.process_time``),
+which load does not inflate: on a loaded machine compare the CPU.
+
+Every wait is bounded without a per-run deadline that load could
+overrun (the first runs register the graphs on every task, seconds on a
+loaded machine): each run by the session's operation timeout
+(--op-timeout), the whole of one option set's profile by --budget.
 """
 
 import argparse
@@ -111,8 +119,18 @@ def summed(run_metadata):
   return out
 
 
-def profile(scenario, options, *, steps, warmup):
-  """Median step time and per-category op time of ``steps`` traced steps."""
+def profile(scenario, options, *, steps, warmup, op_timeout, budget):
+  """Median step time and per-category op time of ``steps`` traced steps.
+
+  Bounded without a deadline on any one run that load could exceed: the
+  chief's loop runs exactly one sync op per train step (one worker, one
+  replica to aggregate: each push is one update, each update the token of
+  a later step), so no run of it is left waiting for a gradient that never
+  comes, and every run, either thread's, is bounded by the session's
+  ``operation_timeout_in_ms`` (``op_timeout``). ``budget`` bounds the whole
+  profile: past it the worker stops between steps and the profile fails
+  with how far it got.
+  """
   cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
   graph = tf.Graph()
   with graph.as_default(), tf.compat.v1.device(
@@ -126,34 +144,38 @@ def profile(scenario, options, *, steps, warmup):
     train_op = opt.minimize(loss, global_step=global_step)
     sync_op = opt.get_chief_queue_runner().enqueue_ops[0]
     init = tf.compat.v1.global_variables_initializer()
+    # prefetch_variable_reads' copies are local variables.
+    local_init = tf.compat.v1.local_variables_initializer()
     tokens = opt.get_init_tokens_op()
-  config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=60_000)
-  # The sync op waits for a gradient: each of its runs is bounded, so that
-  # the one left waiting after the worker's last push ends.
+  config = tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=int(op_timeout * 1000))
   trace = tf.compat.v1.RunOptions(
-      trace_level=tf.compat.v1.RunOptions.FULL_TRACE, timeout_in_ms=5_000)
-  plain = tf.compat.v1.RunOptions(timeout_in_ms=5_000)
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+  plain = tf.compat.v1.RunOptions()
   results = {"train": [], "sync": []}
   step_secs = []
   errors = []
+  total = warmup + 2 * steps  # Untraced, then traced.
   tracing = threading.Event()
-  done = threading.Event()
+  stop = threading.Event()
+  deadline = time.monotonic() + budget
   with tf.compat.v1.Session(cluster.worker_targets[0], graph=graph,
                             config=config) as sess:
     sess.run(init)
+    sess.run(local_init)
     sess.run(opt.local_step_init_op)
     sess.run(opt.chief_init_op)
     sess.run(tokens)
 
     def chief():
-      while not done.is_set():
+      for _ in range(total):
+        if stop.is_set():
+          return
         meta = tf.compat.v1.RunMetadata()
         traced = tracing.is_set()
         try:
           sess.run(sync_op, options=trace if traced else plain,
                    run_metadata=meta)
-        except tf.errors.DeadlineExceededError:
-          continue  # No gradient in 5 s: the worker stopped, or is slow.
         except Exception as e:  # pylint: disable=broad-except
           errors.append(e)
           return
@@ -169,8 +191,16 @@ def profile(scenario, options, *, steps, warmup):
       floor.append(time.perf_counter() - began)
     thread = threading.Thread(target=chief, daemon=True)
     thread.start()
+    done = 0
     try:
-      for i in range(warmup + 2 * steps):  # Untraced, then traced.
+      for i in range(total):
+        if errors:
+          break
+        if time.monotonic() > deadline:
+          raise RuntimeError(
+              "profiling %r took more than its budget of %.0f s after %d "
+              "of %d steps: give --budget more (a loaded machine), or "
+              "--steps fewer" % (options, budget, i, total))
         if i == warmup:
           cpu_began = time.process_time()
         if i == warmup + steps:
@@ -182,15 +212,20 @@ def profile(scenario, options, *, steps, warmup):
         began = time.perf_counter()
         sess.run(train_op, options=trace if tracing.is_set() else plain,
                  run_metadata=meta)
+        done += 1
         if tracing.is_set():
           results["train"].append(summed(meta))
         elif i >= warmup:
           step_secs.append(time.perf_counter() - began)
     finally:
-      done.set()
-      thread.join(timeout=30)
-    if errors or thread.is_alive():
-      raise RuntimeError("the chief's sync op failed or hung: %r" % errors)
+      stop.set()
+      # The chief's last sync op follows the worker's last push at once;
+      # after a failure its pending run ends by the operation timeout.
+      thread.join(timeout=op_timeout + 10)
+    if errors or thread.is_alive() or done < total:
+      raise RuntimeError(
+          "the chief's sync op failed or hung after %d of %d steps: %r" % (
+              done, total, errors))
   medians = {}
   for run, samples in results.items():
     for key in {k for s in samples for k in s}:
@@ -227,7 +262,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--scenario", default="medium",
                       choices=["small", "many", "flat"] + sorted(
-                          _bench_task.MLPS))
+                          _bench_task.MLPS) + sorted(_bench_task.STACKED))
   parser.add_argument("--steps", type=int, default=30,
                       help="untraced steps timed, then as many traced")
   parser.add_argument("--warmup", type=int, default=10)
@@ -235,6 +270,12 @@ def main(argv=None):
       "--variant", action="append", default=[], metavar="NAME=JSON",
       help="option sets to profile (default: default={} and "
       "fused={\"fuse_dense_gradients\": true})")
+  parser.add_argument(
+      "--op-timeout", type=float, default=120,
+      help="seconds any one session.run may take (operation_timeout_in_ms)")
+  parser.add_argument(
+      "--budget", type=float, default=900,
+      help="seconds one option set's profile may take in all")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
   variants = {}
@@ -245,8 +286,14 @@ def main(argv=None):
     except ValueError as e:
       parser.error(str(e))
     variants[name] = options
+  if args.steps < 1 or args.warmup < 0 or args.op_timeout <= 0 or (
+      args.budget <= 0):
+    parser.error("--steps must be >= 1, --warmup >= 0, --op-timeout and "
+                 "--budget > 0; got %s, %s, %s, %s" % (
+                     args.steps, args.warmup, args.op_timeout, args.budget))
   results = {name: profile(args.scenario, options, steps=args.steps,
-                           warmup=args.warmup)
+                           warmup=args.warmup, op_timeout=args.op_timeout,
+                           budget=args.budget)
              for name, options in variants.items()}
   print("scenario %s, W=1, %d traced steps each" % (args.scenario,
                                                     args.steps))
