@@ -210,6 +210,10 @@ def test_quick_start_runs_under_the_launcher(tmp_path):
   assert "[ps0] ps 0 done: every replica is\n" in out, out[-6000:]
   assert "[launch] ps0 exited 0\n" in out, out[-6000:]
   assert "ps0 stopped" not in out, out[-6000:]
+  # Its last line says so in a whole sentence (the walk of issue 46 read
+  # "every replica finished, and every ps task").
+  assert out.endswith("[launch] every replica finished, and every ps task "
+                      "ended by itself\n"), out[-6000:]
   # TF_CPP_MIN_LOG_LEVEL=2 from the launcher: none of TensorFlow's C++ INFO
   # or WARNING lines (issue 38: about 14 per task), but for 2.21's oneDNN
   # notice, which ignores it (README says so, and how to turn it off).
