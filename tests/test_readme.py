@@ -250,6 +250,21 @@ def test_readme_activates_the_venv_its_commands_come_from():
       "sync-replicas-timeline"}
 
 
+def test_the_program_readme_has_you_save_is_not_the_projects_to_lint():
+  # The walk of issue 46: README's program saved as README says, in the
+  # clone's root where its commands run, made ./tools/check fail (ruff:
+  # a module without a docstring, print calls).
+  name = re.search(r"Save it as `([^`/]+\.py)`", README.read_text())
+  assert name, "README says under which name to save its program"
+  if not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout")
+  ignored = subprocess.run(["git", "check-ignore", "-q", name.group(1)],
+                           cwd=ROOT, timeout=30, check=False)
+  assert ignored.returncode == 0, (
+      "%s in the clone's root is neither ignored by git nor, so, by ruff"
+      % name.group(1))
+
+
 def test_readme_commands_answer_help_from_the_clones_root(tmp_path):
   """Each printed command, with --help after its name, from the clone's root
   with the venv's bin first on PATH (what activating it does): the command
