@@ -182,8 +182,9 @@ def _status_child(tmp_path, port, env=None):
   proc = subprocess.run(
       [sys.executable, "-c", _CHILD, "-c", "sync_replicas.cli.status",
        "--manifest", str(tmp_path), "--ps", "127.0.0.1:%d" % port],
-      cwd=support.TOOLS.parent, capture_output=True, text=True, timeout=60,
-      env=env)
+      # Not the checkout: `-c` puts the working directory first on sys.path,
+      # and tools/knockout's patched copy must come first.
+      cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
   return proc, time.monotonic() - start
 
 
