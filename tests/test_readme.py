@@ -13,6 +13,7 @@ A task counts as started once its gRPC server accepts connections, so in
 process began.
 """
 
+import importlib
 import os
 import pathlib
 import re
@@ -24,6 +25,7 @@ import pytest
 
 import support
 from sync_replicas import _ports
+from sync_replicas.cli import launch as launch_cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -208,6 +210,10 @@ def test_quick_start_runs_under_the_launcher(tmp_path):
   assert "[ps0] ps 0 done: every replica is\n" in out, out[-6000:]
   assert "[launch] ps0 exited 0\n" in out, out[-6000:]
   assert "ps0 stopped" not in out, out[-6000:]
+  # Its last line says so in a whole sentence (the walk of issue 46 read
+  # "every replica finished, and every ps task").
+  assert out.endswith("[launch] every replica finished, and every ps task "
+                      "ended by itself\n"), out[-6000:]
   # TF_CPP_MIN_LOG_LEVEL=2 from the launcher: none of TensorFlow's C++ INFO
   # or WARNING lines (issue 38: about 14 per task), but for 2.21's oneDNN
   # notice, which ignores it (README says so, and how to turn it off).
@@ -244,6 +250,21 @@ def test_readme_activates_the_venv_its_commands_come_from():
       "sync-replicas-timeline"}
 
 
+def test_the_program_readme_has_you_save_is_not_the_projects_to_lint():
+  # The walk of issue 46: README's program saved as README says, in the
+  # clone's root where its commands run, made ./tools/check fail (ruff:
+  # a module without a docstring, print calls).
+  name = re.search(r"Save it as `([^`/]+\.py)`", README.read_text())
+  assert name, "README says under which name to save its program"
+  if not (ROOT / ".git").exists():
+    pytest.skip("not a git checkout")
+  ignored = subprocess.run(["git", "check-ignore", "-q", name.group(1)],
+                           cwd=ROOT, timeout=30, check=False)
+  assert ignored.returncode == 0, (
+      "%s in the clone's root is neither ignored by git nor, so, by ruff"
+      % name.group(1))
+
+
 def test_readme_commands_answer_help_from_the_clones_root(tmp_path):
   """Each printed command, with --help after its name, from the clone's root
   with the venv's bin first on PATH (what activating it does): the command
@@ -268,3 +289,127 @@ def test_readme_commands_answer_help_from_the_clones_root(tmp_path):
                           timeout=120)
     assert done.returncode == 0 and "usage" in done.stdout.lower(), (
         command, done.returncode, done.stderr[-2000:])
+
+
+def _value(argv, flag, default=None):
+  """The word after ``flag`` in ``argv``, else ``default``."""
+  return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def _digits_default_logdir(capsys):
+  """examples.digits' --logdir default, as its --help states it."""
+  with pytest.raises(SystemExit):
+    importlib.import_module("examples.digits").main(["--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  found = re.search(r"--logdir LOGDIR .*?\(default: ([^)]+)\)", text)
+  assert found, text
+  return found.group(1)
+
+
+def test_readme_commands_look_at_the_run_its_launch_makes(capsys):
+  # Issue 46, items 2 and 9: README's commands are printed in the order a
+  # newcomer runs them, and each reads what the launch above it writes: the
+  # status tool its manifest, the timeline its timeline_dir, whose picture
+  # goes inside the run's directory (it once landed in the clone's root).
+  commands = _printed_commands(README.read_text())
+  tools = [c.split()[0] for c in commands]
+  launch = next(c for c in commands if "examples.digits" in c)
+  status = next(c for c in commands if c.startswith("sync-replicas-status "))
+  merge = next(c for c in commands
+               if c.startswith("sync-replicas-timeline "))
+  assert (commands.index(launch) < commands.index(status)
+          < commands.index(merge)), tools
+  program = launch.split(" -- ", 1)[1].split()
+  logdir = _value(program, "--logdir") or _digits_default_logdir(capsys)
+  timeline_dir = _value(program, "--timeline_dir")
+  assert timeline_dir, launch
+  status_argv, merge_argv = status.split(), merge.split()
+  assert _value(status_argv, "--manifest") == logdir, (status, logdir)
+  # The launcher's first ps listens on its base port in its namespace.
+  assert _value(status_argv, "--ps") == "127.0.0.1:%s" % _value(
+      launch.split(" -- ", 1)[0].split(), "--port",
+      str(launch_cli.CONFINED_BASE_PORT)), status
+  assert merge_argv[1] == timeline_dir, (merge, launch)
+  png = _value(merge_argv, "--png")
+  assert png and os.path.commonpath([png, logdir]) == os.path.normpath(
+      logdir), (merge, logdir)
+
+
+# ------------------------------------------ README and the docs, as text
+
+#: README and every page of docs/, the reference README leads to.
+PAGES = [README] + sorted((ROOT / "docs").glob("*.md"))
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+#: A project's own issue cited by number (TensorFlow's are named so).
+_ISSUE = re.compile(r"(?<!TensorFlow )\b[Ii]ssues? \d+")
+#: Pages that still cite one of the project's issues, each edited elsewhere
+#: this session: the citation goes at the next edit of the page, and so
+#: does its entry here.
+_ISSUES_LEFT: dict = {}
+
+
+def _prose(text):
+  """A page's lines outside fenced code blocks."""
+  fenced = False
+  for line in text.splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    elif not fenced:
+      yield line
+
+
+def _anchors(page):
+  """The anchors of a page's headings, as GitHub makes them: lower case,
+  punctuation dropped, spaces as hyphens, a repeated one numbered."""
+  seen, found = {}, set()
+  for line in _prose(page.read_text()):
+    heading = re.match(r"#{1,6} (.*)", line)
+    if heading:
+      anchor = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower())
+      anchor = anchor.replace(" ", "-")
+      count = seen.get(anchor, 0)
+      seen[anchor] = count + 1
+      found.add(anchor if not count else "%s-%d" % (anchor, count))
+  return found
+
+
+def test_readme_is_a_first_page_with_the_newcomers_path_first():
+  # Issue 46, item 1: 305 lines, the quick start at line 94 after design
+  # prose. What it is, the two commands, the quick start and what differs
+  # from stock come first; the reference lives in docs/.
+  lines = README.read_text().splitlines()
+  assert len(lines) < 250, "README.md has %d lines" % len(lines)
+  headings = [line for line in _prose(README.read_text())
+              if line.startswith("## ")]
+  assert headings[:3] == ["## Two commands", "## Quick start",
+                          "## What differs from stock"], headings
+
+
+def test_every_link_of_readme_and_the_docs_reaches_its_page_and_heading():
+  broken = []
+  for page in PAGES:
+    for line in _prose(page.read_text()):
+      for target in _LINK.findall(line):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+          continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+          broken.append("%s: %s (no such file)" % (page.name, target))
+        elif anchor and linked.suffix == ".md" and (
+            anchor not in _anchors(linked)):
+          broken.append("%s: %s (no such heading)" % (page.name, target))
+  assert not broken, "\n".join(broken)
+
+
+def test_the_docs_speak_of_the_project_not_of_its_issues():
+  # Issue 46, item 4: "issue 36" and "issue 17", which a reader cannot look
+  # up. The docs say what the project does and why; TensorFlow's issues are
+  # named as TensorFlow's.
+  found = {}
+  for page in PAGES:
+    cited = [m.group(0) for line in _prose(page.read_text())
+             for m in _ISSUE.finditer(line)]
+    if cited:
+      found[page.name] = cited
+  assert found == _ISSUES_LEFT, found

@@ -436,7 +436,7 @@ class Launcher:
                  "0" if rc == 0 else "with " + describe(rc))
     serving = [t for t in live if t.name not in reported]
     if not serving:
-      self.say("every replica finished, and every ps task")
+      self.say("every replica finished, and every ps task ended by itself")
       return
     self.say("every replica finished: stopping %s, which serve%s until "
              "stopped", ", ".join(t.name for t in serving),

@@ -30,17 +30,13 @@ usage: %(prog)s [--help] [--version] [--list] SCRIPT [ARGS...]
    or: python -m sync_replicas.patch ... (the same)
 """
 
+# The options and an example come first, the details after them, as in the
+# other tools' help (sync_replicas/cli/_cli.py).
 HELP = USAGE + """
 Runs a TensorFlow 1.x-style training program unchanged, with
 sync_replicas.SyncReplicasOptimizer wherever the program reaches stock's
-SyncReplicasOptimizer. The program runs in this process as `python SCRIPT
-[ARGS...]` (or `python -m MODULE [ARGS...]`) would run it: same sys.argv,
-sys.path[0], __name__ == "__main__", exit code, signals and tracebacks
-(Ctrl-C included: the program's KeyboardInterrupt, as under python, not
-this runner's). Errors of the runner's own arguments are one line and exit
-code 2.
+SyncReplicasOptimizer.
 
-%(scope)s
 options:
   -h, --help  show this message and exit
   --version   print sync_replicas' version and exit
@@ -51,7 +47,14 @@ options:
 example:
   %(prog)s train.py --job_name=worker --task_index=0
   python -m sync_replicas.patch -m my_project.train --ps_hosts=127.0.0.1:2222
-"""
+
+The program runs in this process as `python SCRIPT [ARGS...]` (or `python
+-m MODULE [ARGS...]`) would run it: same sys.argv, sys.path[0], __name__ ==
+"__main__", exit code, signals and tracebacks (Ctrl-C included: the
+program's KeyboardInterrupt, as under python, not this runner's). Errors of
+the runner's own arguments are one line and exit code 2.
+
+%(scope)s"""
 
 EXIT_USAGE = _cli.EXIT_USAGE
 
