@@ -404,56 +404,58 @@ class DataEnd:
       return []
     return _gone.gone_keys(keys, values)
 
-  def wait_for_the_others(self, session, *, global_step, should_stop,
-                          no_progress_secs, log_secs,
-                          clock=time.monotonic, sleep=time.sleep):
-    """The chief's wait, its own data ended, until every worker is done.
 
-    Its sync loop runs meanwhile (the coordinator has not stopped yet). Ends
-    when every worker is done, when ``should_stop()`` (the loop failed), or
-    after ``no_progress_secs`` with no update and no worker newly done.
+def wait_for_the_others(ends, session, *, global_step, should_stop,
+                        no_progress_secs, log_secs,
+                        clock=time.monotonic, sleep=time.sleep):
+  """The chief's wait, its own data ended, until every worker of ``ends``
+  (a ``DataEnd``) is done.
 
-    Returns:
-      True if every worker is done.
-    """
-    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
-    last, since = None, clock()
-    logged = since
-    while not should_stop():
-      try:
-        step, done = session.run([global_step, self.done_count],
-                                 options=options)
-      except tf.errors.OpError as e:
-        _LOG.warning("sync_replicas: the chief stops waiting for the other "
-                     "workers: %s", e)
-        return False
-      if self.all_done(done):
-        gone = self.gone_keys(session)
-        if gone:
-          # Counted among the done, but none of them finished its input.
-          _LOG.info("sync_replicas: every live worker is done at global "
-                    "step %d: the job ends; %s", step, _gone.end_clause(
-                        gone, total_num_replicas=self.total_num_replicas))
-        else:
-          _LOG.info("sync_replicas: every worker is done at global step "
-                    "%d: the job ends", step)
-        return True
-      now = clock()
-      if (step, done) != last:
-        last, since = (step, done), now
-      elif now - since >= no_progress_secs:
-        _LOG.warning(
-            "sync_replicas: no update and no worker done for %.0f s while "
-            "the chief waits for %d worker(s) to finish their data: the job "
-            "ends now", now - since, self.total_num_replicas - done)
-        return False
-      if log_secs and now - logged >= log_secs:
-        logged = now
-        _LOG.info("sync_replicas: the chief's data ended; it keeps running "
-                  "updates (global step %d) for the %d worker(s) not done",
-                  step, self.total_num_replicas - done)
-      sleep(WAIT_POLL_SECS)
-    return False
+  Its sync loop runs meanwhile (the coordinator has not stopped yet). Ends
+  when every worker is done, when ``should_stop()`` (the loop failed), or
+  after ``no_progress_secs`` with no update and no worker newly done.
+
+  Returns:
+    True if every worker is done.
+  """
+  options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
+  last, since = None, clock()
+  logged = since
+  while not should_stop():
+    try:
+      step, done = session.run([global_step, ends.done_count],
+                               options=options)
+    except tf.errors.OpError as e:
+      _LOG.warning("sync_replicas: the chief stops waiting for the other "
+                   "workers: %s", e)
+      return False
+    if ends.all_done(done):
+      gone = ends.gone_keys(session)
+      if gone:
+        # Counted among the done, but none of them finished its input.
+        _LOG.info("sync_replicas: every live worker is done at global "
+                  "step %d: the job ends; %s", step, _gone.end_clause(
+                      gone, total_num_replicas=ends.total_num_replicas))
+      else:
+        _LOG.info("sync_replicas: every worker is done at global step "
+                  "%d: the job ends", step)
+      return True
+    now = clock()
+    if (step, done) != last:
+      last, since = (step, done), now
+    elif now - since >= no_progress_secs:
+      _LOG.warning(
+          "sync_replicas: no update and no worker done for %.0f s while "
+          "the chief waits for %d worker(s) to finish their data: the job "
+          "ends now", now - since, ends.total_num_replicas - done)
+      return False
+    if log_secs and now - logged >= log_secs:
+      logged = now
+      _LOG.info("sync_replicas: the chief's data ended; it keeps running "
+                "updates (global step %d) for the %d worker(s) not done",
+                step, ends.total_num_replicas - done)
+    sleep(WAIT_POLL_SECS)
+  return False
 
 
 def log_done(ends, *, batches, done, is_chief, gone=0):
@@ -597,8 +599,8 @@ class AnnouncesDataEnd:
         or ends.all_done(done)):
       return
     o = opt.options
-    ends.wait_for_the_others(
-        sess, global_step=global_step,
+    wait_for_the_others(
+        ends, sess, global_step=global_step,
         should_stop=should_stop or (lambda: False),
         no_progress_secs=o.stall_timeout_secs or NO_PROGRESS_SECS,
         log_secs=o.stall_log_secs)

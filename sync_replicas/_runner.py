@@ -42,9 +42,10 @@ as the in-process one does, so that it never holds a save up while blocked
 in a take. Both sleep through the first part of each gather before polling
 (``QuietStart``).
 
-It also watches for stalls: while no update lands, it logs at a steady
-cadence what the update waits for, and with a stall timeout it stops the
-coordinator with ``SyncStallError``.
+It also starts the stall watch beside its loop (``_stall_watch``): while no
+update lands, the watch logs at a steady cadence what the update waits for,
+and with a stall timeout, or shortly before the operation timeout when a
+worker the update needs cannot push, it stops the coordinator.
 """
 
 import collections
@@ -56,9 +57,8 @@ import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _data_end
-from sync_replicas import _diagnose
-from sync_replicas import _lost
 from sync_replicas import _saves
+from sync_replicas import _stall_watch
 from sync_replicas import _timeline
 from sync_replicas import errors
 
@@ -607,61 +607,6 @@ class PollingLoop:
       last_update = runner.clock()
 
 
-def _read_local_steps(sess, local_step, reader):
-  """Every replica's local step, for the stall line; () if unknowable.
-
-  Against a remote master, each replica task's (``reader``, a
-  ``_diagnose.LocalStepReader``: a fresh session per read, bounded); in
-  process, this chief's own (``local_step``). Only on a stall report.
-  """
-  if local_step is None:
-    return ()
-  spec = reader.spec
-  try:
-    devices = []
-    if sess.sess_str:
-      devices = _diagnose.replica_devices(
-          [d.name for d in sess.list_devices()], spec.device)
-    if not devices:
-      return [_diagnose.LocalStep(spec.device or "this replica",
-                                  int(sess.run(local_step)), None)]
-    return reader.read(sess.sess_str, devices,
-                       config=_compat.session_config(sess))
-  except Exception as e:  # pylint: disable=broad-except
-    _LOG.debug("reading the replicas' local steps failed: %s", e)
-    return ()
-
-
-def _timeout_error(waited, timeout_ms, what):
-  """The ``SyncTimeoutError`` the look before the operation timeout stops
-  with, as ``_stall_error``'s tuple."""
-  return _lost.timeout_error(
-      "Operation timed out: no update for %.0f s, and the sessions' "
-      "operation_timeout_in_ms=%d ends every run waiting for it in %.0f s: "
-      "%s. The update cannot come while a worker it needs cannot push: "
-      "restart that worker's task (the same task index), or let the job go "
-      "on without it with worker_gone_secs (or the environment's "
-      "SYNC_REPLICAS_WORKER_GONE_SECS) below the operation timeout "
-      "(docs/operations.md, \"A worker lost for good\")."
-      % (waited, timeout_ms, max(timeout_ms / 1000.0 - waited, 0.0), what))
-
-
-def _stall_error(waited, timeout_secs, what, *, replicas_to_aggregate):
-  """The ``SyncStallError`` a stall past ``stall_timeout_secs`` stops with,
-  as the ``exc_info`` tuple ``Coordinator.request_stop`` takes outside an
-  ``except`` block (raised once, so that it carries a traceback)."""
-  try:
-    raise errors.SyncStallError(
-        "No update for %.0f s (stall_timeout_secs=%s): %s. Fewer than "
-        "replicas_to_aggregate=%d workers are pushing fresh gradients; "
-        "restart the missing workers, add backups "
-        "(total_num_replicas > replicas_to_aggregate), or raise "
-        "stall_timeout_secs." % (waited, timeout_secs, what,
-                                 replicas_to_aggregate))
-  except errors.SyncStallError as e:
-    return type(e), e, e.__traceback__
-
-
 class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
   """A QueueRunner over the token queue whose threads end promptly on stop.
 
@@ -686,9 +631,6 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     self.status = status
     self.global_step = global_step
     self.clock = clock
-    self._local_step = local_step
-    self._local_steps = None if local_step is None else (
-        _diagnose.LocalStepReader(_diagnose.local_step_spec(local_step)))
     self.replicas_to_aggregate = replicas_to_aggregate
     self._prompt_stop = prompt_stop
     self._stall_log_secs = stall_log_secs
@@ -705,6 +647,12 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     # When the last update ran (self.clock()), None before the first: what
     # the look before the operation timeout counts from.
     self._updated_at = None
+    self._stall = _stall_watch.StallWatch(
+        status=status, global_step=global_step,
+        replicas_to_aggregate=replicas_to_aggregate, loop=self._loop,
+        local_step=local_step, stall_log_secs=stall_log_secs,
+        stall_timeout_secs=stall_timeout_secs,
+        updated_at=lambda: self._updated_at, clock=clock)
 
   @property
   def serving(self):
@@ -783,7 +731,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
     if (coord is not None and threads
         and (self._stall_log_secs or self._stall_timeout_secs)):
       threads.append(threading.Thread(
-          target=self._watch, args=(sess, coord),
+          target=self._stall.watch, args=(sess, coord),
           name="SyncQueueRunnerWatch-%s" % self.name))
       config = _compat.session_config(sess)
       timeout_ms = config.operation_timeout_in_ms if config else 0
@@ -791,7 +739,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       # remote master are there tasks to lose.
       if (self._prompt_stop and sess.sess_str and timeout_ms > 0):
         threads.append(threading.Thread(
-            target=self._look_before_timeout,
+            target=self._stall.look_before_timeout,
             args=(sess, coord, timeout_ms),
             name="SyncQueueRunnerTimeout-%s" % self.name))
     for t in threads:
@@ -934,113 +882,3 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
         self._report(coord, e)
     finally:
       self._finish(sess)
-
-  def _look_before_timeout(self, sess, coord, timeout_ms):
-    """Stops the job with ``SyncTimeoutError`` when an update has not come
-    ``timeout_lead`` seconds before the sessions' operation timeout and a
-    worker it needs cannot push.
-
-    Stock's job ends at that timeout, every waiting run with a bare
-    ``DeadlineExceededError``. The runs that time out are the sync loop's
-    take and every worker's wait for a token, each started at about the
-    last update; the chief's own run fails with the rest, and a
-    coordinator stopped after that keeps no error. So the chief looks
-    first, once per update that does not come: from the record on the ps
-    and the probe of each worker not done (``_lost``), the stall line's
-    words. If they name a worker that cannot push, the job stops with them
-    (the closer then closes the token queue: the workers' runs end before
-    their timeout); if not (slow workers), the timeout comes as in stock.
-    """
-    timeout_secs = timeout_ms / 1000.0
-    lead = _lost.timeout_lead(timeout_secs)
-    started = self.clock()
-    looked = None  # The last update (or start) a look was made after.
-    while True:
-      since = self._updated_at
-      base = started if since is None else max(since, started)
-      due = base + timeout_secs - lead
-      if looked == base:
-        due = self.clock() + min(lead / 2.0, 1.0)  # For the next update.
-      if coord.wait_for_stop(max(due - self.clock(), 0.0)):
-        return
-      if self._updated_at != since or looked == base:
-        continue
-      looked = base
-      found = self._stall_text(sess, coord)
-      if found is None or self._updated_at != since or not found[1]:
-        continue
-      waited = self.clock() - base
-      _LOG.error("sync_replicas: no update for %.0f s, the sessions' "
-                 "operation timeout (%d ms) comes in %.0f s, and a worker "
-                 "the update needs cannot push: the job stops now with "
-                 "SyncTimeoutError", waited, timeout_ms,
-                 max(timeout_secs - waited, 0.0))
-      self._report(coord, _timeout_error(waited, timeout_ms, found[0]))
-      return
-
-  def _stall_text(self, sess, coord):
-    """``(what the update waits for, whether it names a worker that cannot
-    push)``, read once; None if the read failed."""
-    try:
-      step, counts, tokens, starts = sess.run(
-          [self.global_step, self.status.num_accumulated,
-           self.status.tokens, self.status.starts])
-    except Exception as e:  # pylint: disable=broad-except
-      if not self._stopping(coord):
-        _LOG.debug("status read failed: %s", e)
-      return None
-    return self._verdict(sess, step=step, counts=counts, tokens=tokens,
-                         starts=starts)
-
-  def _verdict(self, sess, *, step, counts, tokens, starts):
-    """The stall line's words after ``no update for N s: ``, and whether
-    they name a worker that cannot push."""
-    ends = self._loop.data_end
-    done, gone = _data_end.read_done(sess, ends)
-    needed, done_clause = _data_end.stall_part(
-        done, ends, self.replicas_to_aggregate, gone=gone)
-    # The workers' record on the ps (a data_end policy's); else each
-    # worker task's local step, which device filters may hide.
-    local_steps = (ends.local_steps.read(sess, done, gone)
-                   if ends is not None and done is not None else None)
-    if local_steps is None:
-      local_steps = _read_local_steps(sess, self._local_step,
-                                      self._local_steps)
-    lost = _lost.stall_clause(sess, ends=ends, done=done, counts=counts,
-                              needed=needed, reader=self._local_steps)
-    what = _diagnose.verdict(
-        names=self.status.names, counts=counts, tokens=tokens,
-        replicas_to_aggregate=needed, global_step=int(step),
-        starts=int(starts),
-        generations=self.global_step.dtype.base_dtype == tf.int64,
-        local_steps=local_steps) + done_clause + lost
-    return what, bool(lost)
-
-  def _watch(self, sess, coord):
-    """Logs what a stalled update waits for; stops the job past a timeout."""
-    period = min(x for x in (self._stall_log_secs, self._stall_timeout_secs)
-                 if x)
-    last_step, since = None, self.clock()
-    while not coord.wait_for_stop(period):
-      try:
-        step, counts, tokens, starts = sess.run(
-            [self.global_step, self.status.num_accumulated,
-             self.status.tokens, self.status.starts])
-      except Exception as e:  # pylint: disable=broad-except
-        if not self._stopping(coord):
-          _LOG.debug("status read failed: %s", e)
-        return
-      now = self.clock()
-      if step != last_step:
-        last_step, since = step, now
-        continue
-      waited = now - since
-      what, _ = self._verdict(sess, step=step, counts=counts, tokens=tokens,
-                              starts=starts)
-      if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
-        self._report(coord, _stall_error(
-            waited, self._stall_timeout_secs, what,
-            replicas_to_aggregate=self.replicas_to_aggregate))
-        return
-      if self._stall_log_secs:
-        _LOG.warning("sync_replicas: no update for %.0f s: %s", waited, what)
