@@ -23,11 +23,13 @@ that puts the table back after a restart of its ps task, and a restarted
 chief's read of it.
 
 Unlike done-ness, gone-ness is revocable: a gone worker whose entry in the
-local-step record (``_step_record``) changes, which its hook's start does
-(a fresh negative value) and each of its train runs does (the token it
-took), is taken back: its mark is removed and the next update needs its
-gradient again. Only the chief writes or removes marks, so its copy of the
-table stays right.
+local-step record (``_step_record``) changes to a token, which each of its
+train runs records, is taken back: its mark is removed, the next update
+needs its gradient again, and the chief enqueues one token for the one its
+run took from a release cut to the others. Its hook's start (a fresh
+negative value) takes it back only where that cannot strand it
+(``GoneWatch._back_at_start``). Only the chief writes or removes marks, so
+its copy of the table stays right.
 """
 
 import logging
@@ -213,6 +215,9 @@ class GoneWatch:
     self._declared = {}
     # key -> (its local-step record, when that was first seen).
     self._seen_step = {}
+    # key -> the hook-start record of a gone worker not yet taken back
+    # (``_back_at_start``), so that its line is logged once.
+    self._started = {}
 
   def run(self, sess, coord):
     """Looks every ``min(secs / 4, WATCH_MAX_SECS)`` until ``coord`` stops."""
@@ -259,9 +264,12 @@ class GoneWatch:
     for key in sorted(self._declared):
       if key not in gone:
         del self._declared[key]
+        self._started.pop(key, None)
         continue
       now_step = steps.get(key)
       if now_step is None or now_step == self._declared[key]:
+        continue
+      if now_step < 0 and not self._back_at_start(key, record, now_step):
         continue
       self._ends.gone_marks.take_back(sess, key)
       if now_step >= 0 and self._token is not None:
@@ -270,6 +278,7 @@ class GoneWatch:
         sess.run(self._token, options=tf.compat.v1.RunOptions(
             timeout_in_ms=RUN_TIMEOUT_MS))
       del self._declared[key]
+      self._started.pop(key, None)
       taken.add(key)
       how = ("its hook started again" if now_step < 0 else
              "it pushed again (local step %d)" % now_step)
@@ -278,6 +287,33 @@ class GoneWatch:
           "need %d gradients again from the next update", key, how,
           self._ends.need(len(record) - len(taken)))
     return taken
+
+  def _back_at_start(self, key, record, now_step):
+    """Whether worker ``key``, whose hook started again (``now_step``, a
+    fresh negative value), is taken back now, without a token.
+
+    Its first push needs no token, but the chief cannot tell whether that
+    push already happened: if an update that needed only the others took
+    it (or it landed stale after one), and the release cut to the others
+    left this worker waiting for a token, taking it back now would make
+    the next update wait for its gradient while it waits for a token, for
+    good. So with the shared token queue it is taken back at the push its
+    first token follows (given back there), unless no other worker trains:
+    then no release would ever reach it. A worker's own token queue gets
+    every release, gone or not: nothing to wait for there.
+    """
+    others = set(record) - {key}
+    if (self._token is None
+        or len(others) >= self._ends.total_num_replicas - 1):
+      return True
+    if self._started.get(key) != now_step:
+      self._started[key] = now_step
+      _LOG.info(
+          "sync_replicas: worker key %d's hook started again: it is taken "
+          "back once a train run of it gets a token (updates need %d "
+          "gradients until then)", key,
+          self._ends.need(len(record)))
+    return False
 
   def _declare(self, sess, coord, *, step, stalled, out, steps, now,
                only=None):

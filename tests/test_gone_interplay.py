@@ -119,10 +119,12 @@ class Worker:
         self.hooks.append(tf.compat.v1.train.StopAtStepHook(
             last_step=last_step))
 
-  def train(self, ready, *, lost_at=None, leave=None, delay=0.005):
+  def train(self, ready, *, lost_at=None, leave=None, delay=0.005,
+            gate=None):
     """Trains until the input ends or the step limit; with ``lost_at``,
     leaves for good before its first push at that local step, calling
-    ``leave()`` (its task's address then refuses connections)."""
+    ``leave()`` (its task's address then refuses connections); with
+    ``gate`` (a ``Gate``), passes it before each push."""
     rng = np.random.default_rng(self.task)
     with self.graph.as_default(), support.monitored_session(
         self.target, is_chief=self.is_chief, hooks=self.hooks) as sess:
@@ -138,11 +140,56 @@ class Worker:
           if lost_at is not None and local >= lost_at:
             leave()
             return self.runs
+          if gate is not None:
+            gate.pass_(self.task, local)
           # Random pauses shuffle who pushes last.
           time.sleep(rng.uniform(0, 2 * delay))
           sess.run(train_op, feed_dict={row: min(local, self.rows - 1)})
         self.runs += 1
     return self.runs
+
+
+class Gate:
+  """Holds each worker that passes it before its push at local step
+  ``at`` or later, until ``open_to`` moves ``at`` past that step."""
+
+  def __init__(self, at):
+    self.at = at
+    self.waiting = {}  # task -> the local step it waits at
+    self._cond = threading.Condition()
+
+  def pass_(self, task, local):
+    deadline = time.monotonic() + JOB_SECS
+    with self._cond:
+      while local >= self.at:
+        self.waiting[task] = local
+        self._cond.notify_all()
+        left = deadline - time.monotonic()
+        if left <= 0:
+          raise AssertionError("worker %d held at local step %d for %d s"
+                               % (task, local, JOB_SECS))
+        self._cond.wait(left)
+      self.waiting.pop(task, None)
+      self._cond.notify_all()
+
+  def open_to(self, at):
+    with self._cond:
+      self.at = at
+      self._cond.notify_all()
+
+  def wait_for(self, tasks, local, *, also=lambda: False, timeout=JOB_SECS):
+    """Until every one of ``tasks`` waits at ``local`` (True), or
+    ``also()`` (False)."""
+    deadline = time.monotonic() + timeout
+    with self._cond:
+      while not all(self.waiting.get(t) == local for t in tasks):
+        if also():
+          return False
+        left = deadline - time.monotonic()
+        assert left > 0, "workers %s not held at local step %d: %s" % (
+            tasks, local, self.waiting)
+        self._cond.wait(min(left, 0.05))
+      return True
 
 
 @pytest.fixture(name="lost")
@@ -334,3 +381,134 @@ def test_data_end_a_gone_worker_is_not_done_and_the_live_ones_end_the_job(
   assert ("every live worker is done at global step %d: the job ends; 1 of "
           "3 workers gone, not done (keys 2): what was left of their input "
           "was never trained" % step) in last, last
+
+
+class _ReleaseAtStart(tf.compat.v1.train.SessionRunHook):
+  """The returning worker's hook after ours: once ours has recorded its
+  session's start (its local step is the global step X), lets the live
+  workers push once at X, and returns when they wait at X + 1 (the update
+  to X + 1 took their two gradients: this worker's first push is stale)
+  or when ``early()`` (the chief already acted on the start)."""
+
+  def __init__(self, gate, at, early):
+    self._gate, self._at, self._early = gate, at, early
+
+  def after_create_session(self, session, coord):
+    del session, coord
+    self._gate.open_to(self._at + 1)
+    self._gate.wait_for([0, 1], self._at + 1, also=self._early)
+
+
+def _step_of(cluster, jobs):
+  return _read(cluster, jobs)[0]
+
+
+@pytest.mark.timeout(240)
+def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
+    lost, caplog, monkeypatch):
+  """docs/operations.md's old Limits window, scheduled with events: worker
+  2 is gone and restarts while workers 0 and 1 hold at local step X; its
+  session starts at X, then the two live workers push at X (an update that
+  needs 2), so its first push is stale and it waits for a token that the
+  release cut to the two others does not hold. Taken back at that hook's
+  start, the next update would need its gradient while it waits for a
+  token: a stall until the operation timeout. The chief waits for its push
+  instead (one token given back there), and the job reaches its limit with
+  every later update averaging one gradient of each worker."""
+  cluster = lost.cluster
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  last_step = 80
+  at = LOST_AT + TRANSIENT + 4
+  rows = last_step + 16
+  jobs = [Worker(cluster, t, replicas=W, rows=rows, last_step=last_step,
+                 worker_gone_secs=GONE_SECS) for t in range(W)]
+  gate = Gate(at)
+  ready = threading.Event()
+  threads = [support.BoundedThread(
+      functools.partial(jobs[t].train, **(
+          dict(lost_at=LOST_AT, leave=lost.leave) if t == 2 else
+          dict(gate=gate))), ready, name="worker-%d" % t) for t in range(W)]
+
+  def lines(words):
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("sync_replicas") and words in r.getMessage()]
+
+  started_line = "worker key 2's hook started again"
+  back_at_start = "worker key 2 is back (its hook started again)"
+  threads[0].start()
+  support.wait_until(lambda: ready.is_set() or not threads[0].is_alive(),
+                     timeout=60, what="the chief's session")
+  for t in threads[1:]:
+    t.start()
+  returned = None
+  with socket.socket() as listener:
+    try:
+      support.wait_until(lambda: lines(" is gone"), timeout=JOB_SECS,
+                         what="the chief's line declaring worker 2 gone",
+                         interval=0.05)
+      threads[2].finish(timeout=JOB_SECS)
+      gate.wait_for([0, 1], at)
+      assert _step_of(cluster, jobs) == at
+      # Its task comes back: an address that answers (the probe must not
+      # find it gone again), a new graph and session on its server.
+      listener.bind(("127.0.0.1", 0))
+      listener.listen(128)
+      spec = cluster.cluster_spec.as_dict()
+      spec["worker"] = list(spec["worker"])
+      spec["worker"][2] = "127.0.0.1:%d" % listener.getsockname()[1]
+      monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
+      back = Worker(cluster, 2, replicas=W, rows=rows, last_step=last_step,
+                    worker_gone_secs=GONE_SECS)
+      back.hooks.append(_ReleaseAtStart(
+          gate, at, early=lambda: lines(back_at_start)))
+      returned = support.BoundedThread(back.train, ready, name="worker-2b")
+      returned.start()
+      # The chief's first look at the start (before the fix, the take-back
+      # that strands it), with the live workers held at X + 1.
+      support.wait_until(
+          lambda: lines(started_line) or lines(back_at_start),
+          timeout=JOB_SECS, what="the chief's line on worker 2's start",
+          interval=0.02)
+      gate.wait_for([0, 1], at + 1, also=lambda: lines(back_at_start))
+      gate.open_to(last_step + 1)
+      # Progress, not a deadline: fails once the step stops moving.
+      moved = [time.monotonic(), _step_of(cluster, jobs)]
+      back_at = []
+
+      def done():
+        step = _step_of(cluster, jobs)
+        if not back_at and lines("worker key 2 is back"):
+          back_at.append(step)
+        if step != moved[1]:
+          moved[:] = [time.monotonic(), step]
+        assert time.monotonic() - moved[0] < 10 * GONE_SECS, (
+            "stalled at global step %d after worker 2's return:\n%s" % (
+                step, "\n".join(lines("worker key 2"))))
+        return step >= last_step
+      support.wait_until(done, timeout=JOB_SECS, what="the step limit",
+                         interval=0.1)
+    except BaseException:
+      # The workers' own errors (a stalled run's operation timeout) would
+      # hide what failed: they are only waited for.
+      gate.open_to(last_step + 1)
+      for t in threads + ([returned] if returned else []):
+        t.join(JOB_SECS)
+      raise
+  for t in threads[:2] + [returned]:
+    t.finish(timeout=JOB_SECS)
+  assert not lines(back_at_start), lines("worker key 2")
+  assert len(lines(started_line)) == 1, lines("worker key 2")
+  assert len(lines("worker key 2 is back (it pushed again")) == 1, lines(
+      "worker key 2")
+  step, counts, trace = _read(cluster, jobs)
+  # Its first push (at X) was stale: the update to X + 1 took the two live
+  # workers' gradients. Taken back at its push, every update from the next
+  # but one on took one gradient of each worker.
+  assert counts[at].tolist() == [1, 1, 0], counts[:step].tolist()
+  assert back_at and step >= back_at[0] + 5, ("trained too far before the take-back",
+                                  back_at, step)
+  after = counts[back_at[0] + 2:step]
+  np.testing.assert_array_equal(after, np.ones_like(after), err_msg=str(
+      counts[:step].tolist()))
+  np.testing.assert_allclose(trace[back_at[0] + 2:step], np.ones_like(after),
+                             rtol=1e-6)
