@@ -186,10 +186,12 @@ class Job:
                        interval=0.1)
     return int(self.read("global_step"))
 
-  def finish_workers(self, timeout=150):
+  def finish_workers(self, timeout=150, lost=()):
+    """Waits for every worker but those in ``lost`` (killed for good) to
+    exit 0 after its ``done`` event."""
     deadline = time.monotonic() + timeout
     for (job, task), proc in sorted(self.procs.items()):
-      if job != "worker":
+      if job != "worker" or task in lost:
         continue
       proc.wait(timeout=max(deadline - time.monotonic(), 1))
       assert proc.returncode == 0, "worker%d exited %d:\n%s" % (
@@ -354,11 +356,11 @@ def _trained(job, task):
   return [json.loads(l) for l in lines][-1]["runs"]
 
 
-def _finish_showing_the_chief(job, *, timeout, lines):
+def _finish_showing_the_chief(job, *, timeout, lines, lost=()):
   """``job.finish_workers``; on failure the chief's own last ``lines``
   sync_replicas lines (its restore, its stall lines) say who waited."""
   try:
-    job.finish_workers(timeout=timeout)
+    job.finish_workers(timeout=timeout, lost=lost)
   except (AssertionError, subprocess.TimeoutExpired) as e:
     said = [l for l in job.log("worker", 0).splitlines()
             if "sync_replicas:" in l]
@@ -408,6 +410,48 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   assert "the chief saw done (its ps task restarted?): put back keys 1" in (
       chief_log), chief_log[-4000:]
   assert [_trained(job, t) for t in range(3)] == shards
+
+
+@pytest.mark.timeout(400)
+def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
+  """worker_gone_secs: gone-ness survives a ps restart as done-ness does.
+
+  Worker 1 is SIGKILLed for good and the chief declares it gone (no push for
+  T seconds while the update waits, and its address refuses connections).
+  Then the ps is killed and started again on its port: its record of the
+  workers out of the updates is gone, and nobody will say again that worker
+  1 is. The chief, which remembers the mark, puts it back on its recovered
+  session, so the updates keep needing two gradients and workers 0 and 2
+  train their shards to the end; without that every update would wait for
+  worker 1's gradient again, until the operation timeout.
+  """
+  shards = [60, 60, 60]
+  job = job_factory(workers=3, replicas=3, last_step=sum(shards),
+                    delay=0.05, shards=shards)
+  job.base["opt_kwargs"] = {"worker_gone_secs": 3.0}
+  _start(job)
+  job.wait_step(5)
+  job.kill("worker", 1)  # Its port stays bound, not listening: refused.
+  support.wait_until(lambda: "worker key 1 (" in job.log("worker", 0) and (
+      "is gone (worker_gone_secs=3" in job.log("worker", 0)), timeout=120,
+                     what="the chief's line declaring worker 1 gone",
+                     interval=0.2)
+  # Two updates after it, with two gradients each.
+  job.wait_step(int(job.read_when_up("global_step")) + 2)
+  job.hold()
+  job.kill("ps", 0)
+  job.start("ps", 0)
+  job.release()
+  _finish_showing_the_chief(job, timeout=240, lines=30, lost=(1,))
+  chief_log = job.log("worker", 0)
+  assert "Restoring parameters from" in chief_log
+  assert "the chief saw done (its ps task restarted?): put back keys 1" in (
+      chief_log), chief_log[-4000:]
+  # The last of the two to end says the job ends, and counts worker 1 gone.
+  ends = job.log("worker", 0) + job.log("worker", 2)
+  assert "2 of 3 workers done, 1 gone; every live worker is done" in ends, (
+      chief_log[-4000:])
+  assert [_trained(job, t) for t in (0, 2)] == [shards[0], shards[2]]
 
 
 #: The ps the 16-worker test kills: ps 1 holds ``trace`` and its
