@@ -230,6 +230,9 @@ def test_two_steps_on_one_node_meet_only_their_own_tasks(monkeypatch):
   monkeypatch.setattr(_rendezvous, "HELLO_SECS", 0.5)
   key = "t4.0"
   squatter = socket.socket()
+  # As the service binds: a port an earlier test's connections left in
+  # TIME_WAIT (CI drew one) binds all the same.
+  squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   squatter.bind(("", _rendezvous.candidate_ports(key)[0]))
   squatter.listen(4)
   try:

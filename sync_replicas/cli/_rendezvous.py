@@ -109,6 +109,10 @@ class Service:
       if not _ports.reserve_port(port):
         continue
       sock = socket.socket()
+      # A port whose last connections still linger in TIME_WAIT (an earlier
+      # step's service, a task that ended) binds; one that a live socket
+      # listens on still does not.
+      sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
       try:
         sock.bind(("", port))
       except OSError:
