@@ -150,9 +150,9 @@ class StallWatch:
       coord.request_stop(_timeout_error(waited, timeout_ms, found[0]))
       return
 
-  def _stall_text(self, sess, coord):
-    """``(what the update waits for, whether it names a worker that cannot
-    push)``, read once; None if the read failed."""
+  def _read_status(self, sess, coord):
+    """The global step and status ops, read once, as ``_verdict``'s
+    keywords; None if the read failed (logged unless the job stops)."""
     try:
       step, counts, tokens, starts = sess.run(
           [self._global_step, self._status.num_accumulated,
@@ -161,8 +161,14 @@ class StallWatch:
       if not coord.should_stop():
         _LOG.debug("status read failed: %s", e)
       return None
-    return self._verdict(sess, step=step, counts=counts, tokens=tokens,
-                         starts=starts)
+    return {"step": step, "counts": counts, "tokens": tokens,
+            "starts": starts}
+
+  def _stall_text(self, sess, coord):
+    """``(what the update waits for, whether it names a worker that cannot
+    push)``, read once; None if the read failed."""
+    status = self._read_status(sess, coord)
+    return None if status is None else self._verdict(sess, **status)
 
   def _verdict(self, sess, *, step, counts, tokens, starts):
     """The stall line's words after ``no update for N s: ``, and whether
@@ -194,21 +200,15 @@ class StallWatch:
                  if x)
     last_step, since = None, self._clock()
     while not coord.wait_for_stop(period):
-      try:
-        step, counts, tokens, starts = sess.run(
-            [self._global_step, self._status.num_accumulated,
-             self._status.tokens, self._status.starts])
-      except Exception as e:  # pylint: disable=broad-except
-        if not coord.should_stop():
-          _LOG.debug("status read failed: %s", e)
+      status = self._read_status(sess, coord)
+      if status is None:
         return
       now = self._clock()
-      if step != last_step:
-        last_step, since = step, now
+      if status["step"] != last_step:
+        last_step, since = status["step"], now
         continue
       waited = now - since
-      what, _ = self._verdict(sess, step=step, counts=counts, tokens=tokens,
-                              starts=starts)
+      what, _ = self._verdict(sess, **status)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         coord.request_stop(_stall_error(
             waited, self._stall_timeout_secs, what,
