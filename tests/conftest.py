@@ -68,6 +68,12 @@ def pytest_configure(config):
       "hosts, the tools' bookkeeping) and the TensorFlow its tasks run is "
       "tested under every version elsewhere: CI runs it under the newest "
       "TensorFlow only (SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT=1 skips it)")
+  config.addinivalue_line(
+      "markers", "newest_only(reason): it runs TensorFlow code, but what "
+      "TensorFlow does in it is proven under every version by other tests "
+      "that run there, which the reason names: CI runs it under the newest "
+      "TensorFlow only, as the version_independent ones (support."
+      "newest_only_here does the same for one case of a parametrized test)")
   # A thread that dies with an exception fails the test (but stock's
   # runner's expected death, _expect_stocks_cancelled_runner_threads).
   config.addinivalue_line(
@@ -204,8 +210,13 @@ _SESSION_THREADS = []
 
 
 def pytest_collection_modifyitems(config, items):
-  """Skips the version-independent tests where .ci/run says so."""
+  """Skips the version-independent and newest-only tests where .ci/run says
+  so; a newest_only mark without its reason is refused, anywhere."""
   del config
+  for item in items:
+    newest = item.get_closest_marker("newest_only")
+    if newest is not None:
+      support.newest_only_reason(newest, item.nodeid)
   if os.environ.get(SKIP_VERSION_INDEPENDENT_ENV) != "1":
     return
   skip = pytest.mark.skip(reason=(
@@ -215,6 +226,10 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.get_closest_marker("version_independent") is not None:
       item.add_marker(skip)
+    newest = item.get_closest_marker("newest_only")
+    if newest is not None:
+      item.add_marker(pytest.mark.skip(reason=support.newest_only_skip(
+          support.newest_only_reason(newest, item.nodeid))))
 
 
 def pytest_sessionstart(session):

@@ -185,6 +185,38 @@ def require(module, *, why, install=TEST_EXTRA):
   pytest.skip(message, allow_module_level=True)
 
 
+#: .ci/run sets it to 1 for its older TensorFlow's suite (tests/conftest.py
+#: reads the same name): the tests marked version_independent or
+#: newest_only skip there.
+OLDER_SUITE_ENV = "SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT"
+
+
+def newest_only_reason(mark, nodeid):
+  """The reason of a ``newest_only`` mark; a mark without one is refused:
+  leaving a test to the newest TensorFlow needs the tests that prove its
+  TensorFlow part under every version named."""
+  reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+  if not isinstance(reason, str) or len(reason.split()) < 5:
+    raise pytest.UsageError(
+        "%s: pytest.mark.newest_only needs reason=\"...\", a sentence "
+        "naming the tests that prove its TensorFlow part under every "
+        "version; got %r" % (nodeid, reason))
+  return reason
+
+
+def newest_only_skip(reason):
+  """The skip reason of a newest-only test in CI's older suite."""
+  return ("newest TensorFlow only in CI (%s=1 here, TensorFlow %s): %s"
+          % (OLDER_SUITE_ENV, tf.__version__, reason))
+
+
+def newest_only_here(reason):
+  """Skips the running case in CI's older suite, as ``newest_only`` does a
+  whole test: for one case of a parametrized test (call it first)."""
+  if os.environ.get(OLDER_SUITE_ENV) == "1":
+    pytest.skip(newest_only_skip(reason))
+
+
 def is_machine_root():
   """Whether this process is root of the machine, not only of a namespace.
 

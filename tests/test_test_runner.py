@@ -156,20 +156,51 @@ def test_marked_tests_skip_where_told_and_each_tests_cpu_is_written(
     tmp_path):
   # A real pytest process with tests/conftest.py, as tools/test starts it:
   # the marked test is skipped, saying why, and its CPU is recorded.
+  # So are a newest_only test and a case that support.newest_only_here
+  # leaves to the newest, each with its reason.
   cpu_out = tmp_path / "cpu.json"
   test = ("tests/test_launcher.py::"
           "test_tf_config_names_chief_workers_and_ps_on_loopback")
+  newest = ("tests/test_bench_tool.py::"
+            "test_bench_compares_packed_reads_with_stock_on_plain_reads")
+  case = ("tests/test_data_end.py::"
+          "test_default_trains_every_batch_and_every_process_exits[mts-equal]")
   env = _run_tests.hiding_env(os.environ)
   env.update({_run_tests.SKIP_VERSION_INDEPENDENT_ENV: "1",
               _run_tests.CPU_OUT_ENV: str(cpu_out)})
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-       test], cwd=support.TOOLS.parent, env=env, capture_output=True,
-      text=True, timeout=120, check=False)
+       test, newest, case], cwd=support.TOOLS.parent, env=env,
+      capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "1 skipped" in proc.stdout, proc.stdout
+  assert "3 skipped" in proc.stdout, proc.stdout
   assert "version-independent: CI runs it under its newest" in proc.stdout
-  assert list(json.loads(cpu_out.read_text())) == [test]
+  said = proc.stdout.replace("\n", " ")
+  assert "newest TensorFlow only in CI" in said, proc.stdout
+  assert "packed reads themselves are proven" in said, proc.stdout
+  assert "equal shards end together" in said, proc.stdout
+  assert sorted(json.loads(cpu_out.read_text())) == sorted(
+      [test, newest, case])
+
+
+def test_newest_only_without_a_reason_naming_the_proof_is_refused():
+  for mark in (pytest.mark.newest_only, pytest.mark.newest_only(reason=""),
+               pytest.mark.newest_only(reason="CI time")):
+    with pytest.raises(pytest.UsageError, match="naming the tests that "
+                       "prove its TensorFlow part"):
+      support.newest_only_reason(mark.mark, "tests/test_x.py::test_y")
+  reason = "proven under every version by test_parity"
+  assert support.newest_only_reason(
+      pytest.mark.newest_only(reason=reason).mark, "t") == reason
+
+
+def test_newest_only_here_skips_only_in_cis_older_suite(monkeypatch):
+  monkeypatch.delenv(support.OLDER_SUITE_ENV, raising=False)
+  support.newest_only_here("proven under every version by test_parity")
+  monkeypatch.setenv(support.OLDER_SUITE_ENV, "1")
+  with pytest.raises(pytest.skip.Exception, match="newest TensorFlow only "
+                     "in CI .*: proven under every version by test_parity"):
+    support.newest_only_here("proven under every version by test_parity")
 
 
 def test_per_file_adds_up_each_files_tests_classes_included():
