@@ -156,31 +156,64 @@ def test_marked_tests_skip_where_told_and_each_tests_cpu_is_written(
     tmp_path):
   # A real pytest process with tests/conftest.py, as tools/test starts it:
   # the marked test is skipped, saying why, and its CPU is recorded.
-  # So are a newest_only test and a case that support.newest_only_here
-  # leaves to the newest, each with its reason.
   cpu_out = tmp_path / "cpu.json"
   test = ("tests/test_launcher.py::"
           "test_tf_config_names_chief_workers_and_ps_on_loopback")
-  newest = ("tests/test_bench_tool.py::"
-            "test_bench_compares_packed_reads_with_stock_on_plain_reads")
-  case = ("tests/test_data_end.py::"
-          "test_default_trains_every_batch_and_every_process_exits[mts-equal]")
   env = _run_tests.hiding_env(os.environ)
   env.update({_run_tests.SKIP_VERSION_INDEPENDENT_ENV: "1",
               _run_tests.CPU_OUT_ENV: str(cpu_out)})
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-       test, newest, case], cwd=support.TOOLS.parent, env=env,
-      capture_output=True, text=True, timeout=120, check=False)
+       test], cwd=support.TOOLS.parent, env=env, capture_output=True,
+      text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "3 skipped" in proc.stdout, proc.stdout
+  assert "1 skipped" in proc.stdout, proc.stdout
   assert "version-independent: CI runs it under its newest" in proc.stdout
+  assert list(json.loads(cpu_out.read_text())) == [test]
+
+
+#: A test file under tests/conftest.py (``-p conftest``): a newest_only
+#: test, a parametrized test with one case left to the newest, a plain one.
+_NEWEST_ONLY_FILE = """
+import pytest
+import support
+
+@pytest.mark.newest_only(reason="proven under every version by test_x")
+def test_marked():
+  pass
+
+@pytest.mark.parametrize("case", ["kept", "left"])
+def test_cases(case):
+  if case == "left":
+    support.newest_only_here("proven under every version by test_y")
+
+def test_plain():
+  pass
+"""
+
+
+def test_newest_only_skips_in_cis_older_suite_saying_why(tmp_path):
+  # A bare run (no SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT) runs them all:
+  # the unit test below and the whole suite on 2.21. One process here, a
+  # TensorFlow import: 240 s, as test_package's, for a machine loaded many
+  # times over (120 s ran out at a load average of 45 on 2 cores).
+  (tmp_path / "test_marked.py").write_text(_NEWEST_ONLY_FILE)
+  env = _run_tests.hiding_env(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join([str(support.TOOLS.parent / "tests"),
+                                       env["PYTHONPATH"]])
+  env[_run_tests.SKIP_VERSION_INDEPENDENT_ENV] = "1"
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+       "-p", "conftest", "test_marked.py"], cwd=tmp_path, env=env,
+      capture_output=True, text=True, timeout=240, check=False)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "2 passed, 2 skipped" in proc.stdout, proc.stdout
   said = proc.stdout.replace("\n", " ")
-  assert "newest TensorFlow only in CI" in said, proc.stdout
-  assert "packed reads themselves are proven" in said, proc.stdout
-  assert "equal shards end together" in said, proc.stdout
-  assert sorted(json.loads(cpu_out.read_text())) == sorted(
-      [test, newest, case])
+  for proof in ("test_x", "test_y"):
+    assert ("newest TensorFlow only in CI (%s=1 here, TensorFlow %s): "
+            "proven under every version by %s" % (
+                _run_tests.SKIP_VERSION_INDEPENDENT_ENV, tf.__version__,
+                proof)) in said, proc.stdout
 
 
 def test_newest_only_without_a_reason_naming_the_proof_is_refused():
