@@ -203,6 +203,34 @@ def test_table_gives_medians_ratios_to_mwms_and_the_ceilings():
           "0.100 | 2.00 | 10.0 / 10.0 | 0.20 | 40% | 0.50 | 4 |") in lines, text
 
 
+def test_compact_table_puts_a_cell_s_implementations_side_by_side():
+  linkcost = support.load_tool("linkcost")
+
+  def row(impl, ups, busiest_bytes, options=None, rep=0):
+    return {"scenario": "mlp", "link_rate": "8mbit", "link_bits": 8e6,
+            "workers": 2, "ps": 1, "impl": impl, "rep": rep,
+            "options": options or {}, "updates_per_s": ups,
+            "busiest": "ps0", "busiest_bytes": busiest_bytes,
+            "model_bytes": 100_000, "ps_shard_bytes": {"ps0": 100_000}}
+
+  half = {"transfer_dtype": "bfloat16", "pack_variable_reads": True}
+  text = linkcost.compact([row("mwms", 5.0, 100_000),
+                           row("fastest", 4.0, 110_000, half),
+                           row("ours", 2.0, 210_000),
+                           row("ours", 3.0, 230_000, rep=1),
+                           row("stock", 2.0, 220_000)])
+  lines = text.splitlines()
+  # Stock, ours, the variant, MWMS, on 1 MB/s links. In turn, ours moves
+  # 2 * W * S = 400 kB an update: at most 2.5 updates/s, its median 2.5 is
+  # 1.00 of it; fastest's halves move 200 kB (4.0 of 5.0); the ring's
+  # 100 kB each way at once (5.0 of 10.0).
+  assert lines[0].startswith(
+      "| model | link | W | P | reps | stock | ours | fastest | mwms | "
+      "fastest / mwms |"), text
+  assert ("| mlp | 8mbit | 2 | 1 | 2 | 2.00 | 2.50 | 4.00 | 5.00 | 0.80 | "
+          "0.22; 0.22; 0.11; 0.10 | 0.80; 1.00; 0.80; 0.50 |") in lines, text
+
+
 def test_the_split_mlp_spreads_every_matrix_over_the_ps_tasks():
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
