@@ -164,6 +164,12 @@ def test_floors_are_the_busiest_ps_share_or_the_ring_s_two_passes():
       "ours", 4, chief, {"transfer_dtype": "bfloat16",
                          "prefetch_variable_reads": True}) \
       == (2 * 700, 4 * 700)
+  # More ps tasks than workers, the variables split: W * S_p = 500 < S,
+  # and a worker's link, which carries the whole model, is the busiest.
+  spread = {"model_bytes": 1000,
+            "ps_shard_bytes": {"ps%d" % i: 250 for i in range(4)}}
+  assert linkcost.floors("ours", 2, spread, {}) == (1000, 2000)
+  assert linkcost.floors("ours", 8, spread, {}) == (2000, 4000)
   # Ring all-reduce: 2 (W-1)/W of the model on every worker's link, sent
   # and received at once.
   assert linkcost.floors("mwms", 4, {"model_bytes": 1000}, {}) == (1500, 1500)
