@@ -176,6 +176,21 @@ def test_floors_are_the_busiest_ps_share_or_the_ring_s_two_passes():
   assert linkcost.floors("ours", 4, {}, {}) == (None, None)
 
 
+def test_job_cores_are_the_job_s_cpu_over_the_chief_s_stepping_time():
+  linkcost = support.load_tool("linkcost")
+  # 16 workers joined late: the chief's first steps are 10 s apart, the
+  # measured window holds one update in 2.5 s, and the job used 6 CPU-s
+  # over the 12.5 s from the chief's first step to its last.
+  chief = {"steps_at": [(100.0, 1), (110.0, 2), (112.5, 3)],
+           "job_cpu_secs": 6.0}
+  assert linkcost.job_cores(chief) == pytest.approx(6.0 / 12.5)
+  # The window's rate (1 update in 2.5 s) over updates per CPU-second over
+  # the span (2 / 6.0) would say 1.2 cores.
+  assert linkcost.job_cores({"steps_at": [(1.0, 1)],
+                             "job_cpu_secs": 6.0}) is None
+  assert linkcost.job_cores({"steps_at": chief["steps_at"]}) is None
+
+
 def test_counters_are_read_at_the_window_s_ends_between_samples():
   linkcost = support.load_tool("linkcost")
   counters = linkcost.Counters(["host0"])
