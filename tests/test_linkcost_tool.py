@@ -4,14 +4,19 @@ One real run at its smallest (a ps and two workers, each on an emulated host
 of its own, the links shaped slow enough to be the bottleneck) checks that
 the byte counters are the links' own: the ps's link carries what the graph
 says a step moves (two pushes and two reads of the one variable), and the
-shaped link caps the updates at what its rate allows. The cost model and the
-table are checked on known numbers.
+shaped link caps the updates at what its rate allows; MWMS's run after it
+moves the ring's bytes, with the ps pool's processes gone before its own
+start (one pool alive at a time: two W = 16 pools do not fit in memory
+beside other work). The cost model and the table are checked on known
+numbers.
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -30,17 +35,36 @@ def test_link_counters_measure_what_the_graph_moves(tmp_path):
   out = tmp_path / "linkcost"
   # 20 Mbit/s: 2.5 MB/s on the ps's link, 160 kB a step each way (W * S),
   # at most about 16 updates/s: the link, not the CPU, sets the pace.
-  proc = subprocess.run(
+  proc = subprocess.Popen(
       [sys.executable, str(ROOT / "tools" / "linkcost"), "--scenarios",
-       "flat", "--workers", "2", "--ps", "1", "--impls", "ours",
+       "flat", "--workers", "2", "--ps", "1", "--impls", "ours,mwms",
        "--variant", 'fused={"fuse_dense_gradients": true}', "--reps", "1",
        "--secs", "2", "--link-rate", "20mbit", "--out", str(out)],
-      capture_output=True, text=True, timeout=240, check=False)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  pools = _PoolWatch(proc.pid)
+  try:
+    output, _ = proc.communicate(timeout=300)
+  finally:
+    proc.kill()
+    pools.stop()
+  assert proc.returncode == 0, output[-6000:]
+  # Both pools ran, never together: the ps pool's tasks were gone before
+  # MWMS's first task started.
+  assert {"ps", "mwms"} <= set().union(*pools.seen), pools.seen
+  assert {"ps", "mwms"} not in pools.seen, pools.seen
   runs = [json.loads(line)
           for line in (out / "runs.jsonl").read_text().splitlines()]
-  assert sorted(r["impl"] for r in runs) == ["fused", "ours"]
-  for run in runs:
+  assert [r["impl"] for r in runs] == ["ours", "fused", "mwms"]
+  ring, = [r for r in runs if r["impl"] == "mwms"]
+  assert sorted(ring["links"]) == ["worker0", "worker1"], ring
+  # Two workers' ring: each sends its half of the model's gradient and
+  # receives the other's, then the same again for the gathered halves:
+  # 2 (W-1)/W * S = S each way.
+  assert ring["floor_bytes"] == FLAT_BYTES
+  for way in ("sent", "received"):
+    for worker in ("worker0", "worker1"):
+      assert 1.0 <= ring["links"][worker][way] / FLAT_BYTES < 1.3, ring
+  for run in runs[:2]:
     links = run["links"]
     assert sorted(links) == ["ps0", "worker0", "worker1"], run
     assert sorted(run["drops"]) == sorted(links), run
@@ -62,6 +86,66 @@ def test_link_counters_measure_what_the_graph_moves(tmp_path):
   assert "| flat | 20mbit | 2 | 1 | ours |" in table, table
 
 
+class _PoolWatch:
+  """Which pools' task processes, among ``pid``'s descendants, were alive
+  together: every 0.05 s, the set of kinds seen ("ps": tools/_bench_task.py,
+  "mwms": tools/_bench_peer_task.py)."""
+
+  KINDS = {"_bench_task.py": "ps", "_bench_peer_task.py": "mwms"}
+
+  def __init__(self, pid):
+    self._pid = pid
+    self.seen = set()
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True)
+    self._thread.start()
+
+  def _alive(self):
+    parents, commands = {}, {}
+    for entry in os.listdir("/proc"):
+      if not entry.isdigit():
+        continue
+      try:
+        with open("/proc/%s/stat" % entry) as f:
+          # The parent's pid follows the command's closing parenthesis.
+          parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
+        with open("/proc/%s/cmdline" % entry, "rb") as f:
+          commands[int(entry)] = f.read().split(b"\0")
+      except (OSError, ValueError, IndexError):
+        continue  # Gone since listed.
+    family, grew = {self._pid}, True
+    while grew:
+      more = {p for p, parent in parents.items() if parent in family}
+      grew = not more <= family
+      family |= more
+    kinds = set()
+    for pid in family:
+      for word in commands.get(pid, []):
+        kind = self.KINDS.get(os.path.basename(word.decode(errors="replace")))
+        if kind:
+          kinds.add(kind)
+    return frozenset(kinds)
+
+  def _loop(self):
+    while not self._done.wait(0.05):
+      self.seen.add(self._alive())
+
+  def stop(self):
+    self._done.set()
+    self._thread.join(timeout=10)
+
+
+def test_pools_take_turns_mwms_last_then_first():
+  linkcost = support.load_tool("linkcost")
+  impls = ["stock", "ours", "mwms", "fastest"]
+  # The ps designs rotate; MWMS closes an even repetition and opens the
+  # next, so the runs switch pools once a repetition (A B B A).
+  assert linkcost.run_order(impls, 0) == ["stock", "ours", "fastest", "mwms"]
+  assert linkcost.run_order(impls, 1) == ["mwms", "ours", "fastest", "stock"]
+  assert linkcost.run_order(impls, 2) == ["fastest", "stock", "ours", "mwms"]
+  assert linkcost.run_order(["ours", "fused"], 1) == ["fused", "ours"]
+
+
 def test_floors_are_the_busiest_ps_share_or_the_ring_s_two_passes():
   linkcost = support.load_tool("linkcost")
   chief = {"model_bytes": 1000, "ps_shard_bytes": {"ps0": 700, "ps1": 300}}
@@ -75,10 +159,36 @@ def test_floors_are_the_busiest_ps_share_or_the_ring_s_two_passes():
   assert linkcost.floors(
       "ours", 4, chief, {"transfer_dtype": "bfloat16",
                          "pack_variable_reads": True}) == (2 * 700, 4 * 700)
+  # Prefetched reads are packed reads (the option implies them).
+  assert linkcost.floors(
+      "ours", 4, chief, {"transfer_dtype": "bfloat16",
+                         "prefetch_variable_reads": True}) \
+      == (2 * 700, 4 * 700)
+  # More ps tasks than workers, the variables split: W * S_p = 500 < S,
+  # and a worker's link, which carries the whole model, is the busiest.
+  spread = {"model_bytes": 1000,
+            "ps_shard_bytes": {"ps%d" % i: 250 for i in range(4)}}
+  assert linkcost.floors("ours", 2, spread, {}) == (1000, 2000)
+  assert linkcost.floors("ours", 8, spread, {}) == (2000, 4000)
   # Ring all-reduce: 2 (W-1)/W of the model on every worker's link, sent
   # and received at once.
   assert linkcost.floors("mwms", 4, {"model_bytes": 1000}, {}) == (1500, 1500)
   assert linkcost.floors("ours", 4, {}, {}) == (None, None)
+
+
+def test_job_cores_are_the_job_s_cpu_over_the_chief_s_stepping_time():
+  linkcost = support.load_tool("linkcost")
+  # 16 workers joined late: the chief's first steps are 10 s apart, the
+  # measured window holds one update in 2.5 s, and the job used 6 CPU-s
+  # over the 12.5 s from the chief's first step to its last.
+  chief = {"steps_at": [(100.0, 1), (110.0, 2), (112.5, 3)],
+           "job_cpu_secs": 6.0}
+  assert linkcost.job_cores(chief) == pytest.approx(6.0 / 12.5)
+  # The window's rate (1 update in 2.5 s) over updates per CPU-second over
+  # the span (2 / 6.0) would say 1.2 cores.
+  assert linkcost.job_cores({"steps_at": [(1.0, 1)],
+                             "job_cpu_secs": 6.0}) is None
+  assert linkcost.job_cores({"steps_at": chief["steps_at"]}) is None
 
 
 def test_counters_are_read_at_the_window_s_ends_between_samples():
@@ -112,6 +222,34 @@ def test_table_gives_medians_ratios_to_mwms_and_the_ceilings():
   # The ring: 2 (W-1)/W * S = 100 kB both ways at once.
   assert ("| mlp | 8mbit | 2 | - | mwms | 1 | 2.00 | - | ps0 | 0.200 | "
           "0.100 | 2.00 | 10.0 / 10.0 | 0.20 | 40% | 0.50 | 4 |") in lines, text
+
+
+def test_compact_table_puts_a_cell_s_implementations_side_by_side():
+  linkcost = support.load_tool("linkcost")
+
+  def row(impl, ups, busiest_bytes, options=None, rep=0):
+    return {"scenario": "mlp", "link_rate": "8mbit", "link_bits": 8e6,
+            "workers": 2, "ps": 1, "impl": impl, "rep": rep,
+            "options": options or {}, "updates_per_s": ups,
+            "busiest": "ps0", "busiest_bytes": busiest_bytes,
+            "model_bytes": 100_000, "ps_shard_bytes": {"ps0": 100_000}}
+
+  half = {"transfer_dtype": "bfloat16", "pack_variable_reads": True}
+  text = linkcost.compact([row("mwms", 5.0, 100_000),
+                           row("fastest", 4.0, 110_000, half),
+                           row("ours", 2.0, 210_000),
+                           row("ours", 3.0, 230_000, rep=1),
+                           row("stock", 2.0, 220_000)])
+  lines = text.splitlines()
+  # Stock, ours, the variant, MWMS, on 1 MB/s links. In turn, ours moves
+  # 2 * W * S = 400 kB an update: at most 2.5 updates/s, its median 2.5 is
+  # 1.00 of it; fastest's halves move 200 kB (4.0 of 5.0); the ring's
+  # 100 kB each way at once (5.0 of 10.0).
+  assert lines[0].startswith(
+      "| model | link | W | P | reps | stock | ours | fastest | mwms | "
+      "fastest / mwms |"), text
+  assert ("| mlp | 8mbit | 2 | 1 | 2 | 2.00 | 2.50 | 4.00 | 5.00 | 0.80 | "
+          "0.22; 0.22; 0.11; 0.10 | 0.80; 1.00; 0.80; 0.50 |") in lines, text
 
 
 def test_the_split_mlp_spreads_every_matrix_over_the_ps_tasks():
