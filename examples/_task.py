@@ -214,9 +214,15 @@ def _from_tf_config(raw):
 
 
 def start_server(task):
-  """Starts this task's gRPC server and returns it."""
+  """Starts this task's gRPC server and returns it.
+
+  A ps task's server starts with ``sync_replicas.ps_server_config()``: its
+  idle threads sleep instead of spinning, CPU left to the workers.
+  """
+  config = sync_replicas.ps_server_config() if task.job_name == "ps" else None
   return tf.distribute.Server(task.cluster, job_name=task.job_name,
-                              task_index=task.task_index, start=True)
+                              task_index=task.task_index, config=config,
+                              start=True)
 
 
 def serve_forever(server, task):

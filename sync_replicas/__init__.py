@@ -22,6 +22,7 @@ if typing.TYPE_CHECKING:  # For readers and type checkers: the same names.
   from sync_replicas.hook import SyncReplicasOptimizerHook
   from sync_replicas.legacy import SyncReplicasOptimizerV2
   from sync_replicas.optimizer import SyncReplicasOptimizer
+  from sync_replicas.ps_server import ps_server_config
   from sync_replicas.reads import read_packed
   from sync_replicas.ready import wait_for_chief_init
   from sync_replicas.slim import slim_train
@@ -38,6 +39,7 @@ _HOMES = {
     "SyncReplicasOptimizerHook": "sync_replicas.hook",
     "SyncReplicasOptimizerV2": "sync_replicas.legacy",
     "is_recoverable_error": "sync_replicas.errors",
+    "ps_server_config": "sync_replicas.ps_server",
     "read_packed": "sync_replicas.reads",
     "slim_train": "sync_replicas.slim",
     "wait_for_chief_init": "sync_replicas.ready",
@@ -55,6 +57,7 @@ __all__ = [
     "SyncTimeoutError",
     "__version__",
     "is_recoverable_error",
+    "ps_server_config",
     "read_packed",
     "slim_train",
     "wait_for_chief_init",

@@ -8,6 +8,7 @@ report's statistics (tools/bench_report.py) and the protocol's messages
 (tools/_bench_protocol.py) are imported and checked directly.
 """
 
+import collections
 import json
 import pathlib
 import subprocess
@@ -446,3 +447,75 @@ def test_many_reads_its_variables_only_through_gating_many_stacked_for_data():
   assert count == 200 and len(read) == 200, len(read)
   read, count = _reads_the_gradients_need("many_stacked", control_edges=False)
   assert count == 200 and len(read) == 200, len(read)
+
+
+def test_a_variants_ps_config_gets_a_pool_of_its_own_not_the_optimizer(
+    tmp_path, monkeypatch, capsys):
+  # The ps's own server settings, measured interleaved against the
+  # default server (docs/benchmarks.md, "The ps server's own settings").
+  bench = support.load_tool("bench")
+  pools, seen = [], []
+
+  class Pool(_FakePool):
+
+    def __init__(self, workers, **kwargs):
+      super().__init__(workers, **kwargs)
+      self.ps_config = kwargs.get("ps_config")
+      pools.append(self.ps_config)
+
+  def run_once(pool, scenario, impl, **kwargs):
+    seen.append((impl, kwargs["options"], pool.ps_config))
+    return [_record(50)]
+
+  monkeypatch.setattr(bench._bench_pool, "Pool", Pool)
+  monkeypatch.setattr(bench._bench_pool, "run_once", run_once)
+  nospin = "experimental { disable_thread_spinning: true }"
+  argv = ["--scenarios", "small", "--workers", "1", "--reps", "2",
+          "--impls", "stock", "--out", str(tmp_path),
+          "--variant", 'f={"fuse_dense_gradients": true}',
+          "--variant", json.dumps({"fuse_dense_gradients": True,
+                                   "ps_config": nospin}).join(["fn=", ""])]
+  assert bench.main(argv) == 0
+  # Two ps pools, each started once; the option never reaches the tasks'
+  # optimizer options, and every other implementation runs on the default.
+  assert pools == [None, nospin]
+  fused = json.dumps({"fuse_dense_gradients": True})
+  assert collections.Counter(
+      (i, json.dumps(o), c) for i, o, c in seen) == {
+          ("stock", "{}", None): 2, ("ours", "{}", None): 2,
+          ("ours", fused, None): 2, ("ours", fused, nospin): 2}
+  runs = [json.loads(line) for line in
+          (tmp_path / "runs.jsonl").read_text().splitlines()]
+  assert {(r["impl"], r["ps_config"]) for r in runs} == {
+      ("stock", None), ("ours", None), ("f", None), ("fn", nospin)}
+  # --ps-config sets every ps pool's; a variant's "" takes it back.
+  pools.clear()
+  seen.clear()
+  assert bench.main(argv[:-4] + ["--ps-config", nospin, "--variant",
+                                 'd={"ps_config": ""}']) == 0
+  assert pools == [nospin, None]
+  assert {(i, c) for i, _, c in seen} == {
+      ("stock", nospin), ("ours", nospin), ("ours", None)}
+  with pytest.raises(SystemExit):
+    bench.main(argv[:-4] + ["--variant", 'b={"ps_config": 1}'])
+  assert "'ps_config' must be a ConfigProto in protobuf's text format" in (
+      capsys.readouterr().err)
+
+
+def test_the_bench_ps_starts_its_server_with_the_ps_config():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import _bench_task  # pylint: disable=g-import-not-at-top
+
+  text = ("inter_op_parallelism_threads: 1 "
+          "experimental { disable_thread_spinning: true }")
+  config = _bench_task.server_config("ps", text)
+  expected = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+  expected.experimental.disable_thread_spinning = True
+  assert config == expected
+  assert _bench_task.server_config("ps", None) is None
+  assert _bench_task.server_config("worker", text) is None  # The ps's only.
+  # It crosses to the task on its command line.
+  spec = _bench_protocol.ServeSpec(cluster={"ps": ["127.0.0.1:1"]}, job="ps",
+                                   task=0, ps_config=text)
+  assert _bench_protocol.serve_spec(
+      _bench_protocol.serve_argument(spec)) == spec

@@ -35,6 +35,7 @@ TYPED_API = {
     "sync_replicas/cluster.py": ["LocalCluster", "loopback_cluster_spec"],
     "sync_replicas/errors.py": ["is_recoverable_error"],
     "sync_replicas/reads.py": ["read_packed"],
+    "sync_replicas/ps_server.py": ["ps_server_config"],
     "sync_replicas/ready.py": ["wait_for_chief_init"],
     "sync_replicas/slim.py": ["slim_train"],
     "sync_replicas/patch/__init__.py": [

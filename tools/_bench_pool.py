@@ -46,7 +46,7 @@ class Pool:
   """
 
   def __init__(self, workers, *, log, timeout, communication=None, ps=1,
-               places=None):
+               places=None, ps_config=None):
     """Starts the tasks and waits for every one's ``up``.
 
     Args:
@@ -64,6 +64,9 @@ class Pool:
         the workers: the task listens there and is started as
         ``argv_prefix + [python, ...]`` (e.g. ``ip netns exec host3``: a
         task of its own emulated host, tools/linkcost).
+      ps_config: The ``ConfigProto`` the ps tasks start their servers
+        with, in protobuf's text format (``ServeSpec.ps_config``); None:
+        TensorFlow's defaults.
     """
     self.has_ps = communication is None
     ps = ps if self.has_ps else 0
@@ -91,7 +94,8 @@ class Pool:
     try:
       for (job, task), (prefix, _) in zip(jobs, places, strict=True):
         spec = protocol.ServeSpec(cluster=self.cluster, job=job, task=task,
-                                  communication=communication)
+                                  communication=communication,
+                                  ps_config=ps_config)
         self._procs[(job, task)] = subprocess.Popen(
             [*prefix, sys.executable, str(script), "--serve",
              protocol.serve_argument(spec)],

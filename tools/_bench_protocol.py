@@ -81,11 +81,16 @@ class ServeSpec:
     task: The task's index in its job.
     communication: A peer's MultiWorkerMirroredStrategy communication
       (``PEERS``' values); None for a task of tools/_bench_task.py.
+    ps_config: A ps task starts its server with this ``ConfigProto``, in
+      protobuf's text format (e.g. ``"experimental {
+      disable_thread_spinning: true }"``); None: TensorFlow's defaults, as
+      stock deployments start their servers.
   """
   cluster: dict
   job: str
   task: int
   communication: Optional[str] = None
+  ps_config: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +160,26 @@ def parse_variant(text):
     raise ValueError("--variant %r: its NAME must be an identifier, used "
                      "once, and none of %s" % (text, ALL_IMPLS))
   return name, options
+
+
+#: A --variant's option that is not the optimizer's: the text-format
+#: ``ConfigProto`` the ps starts its server with (``ServeSpec.ps_config``).
+#: The drivers keep it out of the options the workers get, and run the
+#: variant on a pool whose ps started with it.
+PS_CONFIG = "ps_config"
+
+
+def pool_options(options, default=None):
+  """``(optimizer options, ps_config)`` of a run's ``options``:
+  ``PS_CONFIG`` taken out (``default`` when absent; "" is None)."""
+  options = dict(options)
+  ps_config = options.pop(PS_CONFIG, default)
+  if ps_config is not None and not isinstance(ps_config, str):
+    raise ValueError(
+        "%r must be a ConfigProto in protobuf's text format, e.g. "
+        "\"experimental { disable_thread_spinning: true }\", got %r" % (
+            PS_CONFIG, ps_config))
+  return options, ps_config or None
 
 
 def command(name, spec=None):

@@ -37,6 +37,7 @@ import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from google.protobuf import text_format  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -433,12 +434,22 @@ class Channel:
     return protocol.decode(line)
 
 
+def server_config(job, ps_config):
+  """The ``config`` of this task's server: for a ps, ``ps_config`` (a
+  ``ConfigProto`` in text format, ``ServeSpec.ps_config``) parsed; else, or
+  without one, None (TensorFlow's defaults)."""
+  if job != "ps" or not ps_config:
+    return None
+  return text_format.Parse(ps_config, tf.compat.v1.ConfigProto())
+
+
 def serve(spec):
   """Serves ``spec`` (a protocol.ServeSpec) until ``exit`` or stdin's end."""
   channel = Channel()
   cluster = tf.train.ClusterSpec(spec.cluster)
-  server = tf.distribute.Server(cluster, job_name=spec.job,
-                                task_index=spec.task)
+  server = tf.distribute.Server(
+      cluster, job_name=spec.job, task_index=spec.task,
+      config=server_config(spec.job, spec.ps_config))
   channel.send({protocol.UP: server.target, protocol.PID: os.getpid()})
   while True:
     command = channel.receive()
