@@ -187,14 +187,16 @@ class Readme:
   short operation timeout runs out would end the job at its start.
   """
 
-  def __init__(self, tmp_path, impl, *, steps=100_000, env=None):
+  def __init__(self, tmp_path, impl, *, steps=100_000, env=None,
+               batches=None):
     self._dir = tmp_path / impl
     self._dir.mkdir()
     ports = _ports.free_ports(4)
     self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                     "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     self._spec = {"cluster": self.cluster, "impl": impl, "replicas": 3,
-                  "steps": steps, "op_timeout_ms": TIMEOUT_MS}
+                  "steps": steps, "op_timeout_ms": TIMEOUT_MS,
+                  "batches": batches}
     self.procs = {}
     copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(
@@ -207,6 +209,10 @@ class Readme:
                          timeout=120, what="%s%d's server" % (job, task),
                          interval=0.1)
     self._start("worker", 0)
+
+  def start_again(self, task, job="worker"):
+    """Starts task ``task`` again (its record and log go on)."""
+    self._start(job, task)
 
   def _start(self, job, task):
     spec = dict(self._spec, job=job, task=task,
@@ -318,5 +324,67 @@ def test_chief_lost_for_good_ends_every_worker_with_an_error_naming_it(
       assert took < TIMEOUT_MS / 1000 + 30, took
       print("worker %d, %.1f s after the chief's kill: %s: %s" % (
           task, took, end["type"], end["message"]))
+  finally:
+    job.close()
+
+
+def _exit_code(job, task, job_name="worker", timeout=60):
+  try:
+    return job.procs[(job_name, task)].wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    raise AssertionError("%s%d still running after %d s:\n%s" % (
+        job_name, task, timeout, job.log(task, job_name)[-3000:])) from None
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_job_ends_failed_on_every_surviving_worker(tmp_path):
+  """Worker 2 SIGKILLed: the chief stops the job with SyncTimeoutError and
+  closes the token queue. Worker 1, whose token wait the closed queue ends,
+  and worker 2 started again after that, each fail with the chief's error
+  class and reason (the abort mark on the ps), where they used to end as
+  if training were done (exit 0). Stock's survivors die at the operation
+  timeout with DeadlineExceededError, which SyncTimeoutError is. A chief
+  started again on the same ps fails at its start with the same reason
+  (the queue stays closed), not with a CancelledError."""
+  job = Readme(tmp_path, "ours")
+  try:
+    support.wait_until(lambda: job.step() >= 20, timeout=120,
+                       what="the chief past step 20", interval=0.1)
+    support.kill_group(job.procs[("worker", 2)])
+    assert _exit_code(job, 0, timeout=TIMEOUT_MS / 1000 + 60) == 1
+    chief = job.end(0)
+    assert chief["type"] == "SyncTimeoutError", chief
+    address = job.cluster["worker"][2]
+    # Started after the abort, against the closed queue and the mark.
+    job.start_again(2)
+    job.start_again(0)
+    for task in (1, 2, 0):
+      assert _exit_code(job, task) == 1, job.log(task)[-3000:]
+      end = [r for r in job.records(task) if r["event"] == "error"][-1]
+      assert end["event"] == "error", end
+      assert end["type"] == "SyncTimeoutError" and end["deadline"], end
+      assert end["message"].startswith(
+          "the chief stopped the job: SyncTimeoutError: Operation timed "
+          "out: no update for "), end["message"]
+      assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s" % (
+          address, _lost.REFUSED)) in end["message"], end["message"]
+      assert ("This chief started again" in end["message"]) == (task == 0), (
+          end["message"])
+      print("worker %d: %s: %s" % (task, end["type"], end["message"][:300]))
+  finally:
+    job.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_data_end_still_ends_every_task_with_exit_0(tmp_path):
+  """The abort mark changes nothing on a normal end: each worker's
+  one-pass input ends, the chief ends the job and closes the token queue
+  without an error, and every task, the ps too, exits 0."""
+  job = Readme(tmp_path, "ours", batches=30)
+  try:
+    for task in (0, 1, 2):
+      assert _exit_code(job, task, timeout=120) == 0, job.log(task)[-3000:]
+      assert job.end(task)["event"] == "done", job.end(task)
+    assert _exit_code(job, 0, "ps") == 0, job.log(0, "ps")[-3000:]
   finally:
     job.close()
