@@ -74,7 +74,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._run_state = None
     # A run began and did not return (it raised): at end(), the input ended.
     self._open_run = False
-    self._train_steps = 0  # Runs that returned, for the data-end log line.
+    # Train runs (their fetches reach the train op) that returned, for the
+    # data-end log line; a script's own reads between steps are not counted.
+    self._train_steps = 0
+    self._train_run = False  # The run in flight trains.
     self._coord = None
     # A non-chief's watch on the chief while a train run waits for a token
     # (``_lost.ChiefWatch``), per session; None on the chief or without it.
@@ -176,6 +179,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       fetches[_timeline_hook.KEY] = marks
     record = self._sync_optimizer.data_end_fetches(
         run_context.original_args.fetches)
+    # Only a data_end policy counts train steps, and only it records them.
+    self._train_run = record is not None
     if record is not None:
       # This worker's new local step, kept on the ps by the run's own ps
       # partition, for the chief's stall line (data_end).
@@ -188,7 +193,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self, run_context: "tf.compat.v1.train.SessionRunContext",
       run_values: "tf.compat.v1.train.SessionRunValues") -> None:
     self._open_run = False
-    self._train_steps += 1
+    if self._train_run:
+      self._train_steps += 1
     if self._chief_watch is not None:
       self._chief_watch.run_ended()
     if self._run_state is not None:
