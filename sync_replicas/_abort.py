@@ -43,12 +43,9 @@ MAX_MESSAGE_CHARS = 4000
 
 
 def encode(error):
-  """The mark's text for ``error``: its class, its TensorFlow error code
-  (None for an error of no code), its message."""
-  return json.dumps({
-      "type": type(error).__name__,
-      "code": getattr(error, "error_code", None),
-      "message": str(error)[:MAX_MESSAGE_CHARS]})
+  """The mark's text for ``error``: its class's name and its message."""
+  return json.dumps({"type": type(error).__name__,
+                     "message": str(error)[:MAX_MESSAGE_CHARS]})
 
 
 #: What the error says after the chief's reason: to a worker whose run the
@@ -69,9 +66,9 @@ def decode(text, *, chief=False):
   the job, and why."""
   try:
     mark = json.loads(text)
-    name, code, reason = mark["type"], mark["code"], mark["message"]
+    name, reason = str(mark["type"]), str(mark["message"])
   except (ValueError, KeyError, TypeError):
-    name, code, reason = "?", None, text
+    name, reason = "?", text
   message = ("the chief stopped the job: %s: %s. %s (docs/operations.md, "
              "\"A job that failed\")" % (
                  name, reason.rstrip("."), _ON_CHIEF if chief else _ON_WORKER))
@@ -79,13 +76,10 @@ def decode(text, *, chief=False):
     return errors.SyncTimeoutError(message)
   if name == "SyncStallError":
     return errors.SyncStallError(message)
-  if code is not None:
-    try:
-      cls = tf.errors.exception_type_from_error_code(int(code))
-    except (KeyError, ValueError, TypeError):
-      cls = None
-    if cls is not None:
-      return cls(None, None, message)
+  # TensorFlow's own error classes, by name (no public map from codes).
+  cls = getattr(tf.errors, name, None)
+  if isinstance(cls, type) and issubclass(cls, tf.errors.OpError):
+    return cls(None, None, message)
   return RuntimeError(message)
 
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import support
 import sync_replicas
+from sync_replicas import _abort
 from sync_replicas import _lost
 from sync_replicas import _ports
 from sync_replicas import _step_record
@@ -168,6 +169,31 @@ def test_probe_tells_refused_from_silent():
     assert "does not resolve" in _lost.probe_address("no-such-host.invalid:1")
   finally:
     silent.close()
+
+
+@pytest.mark.parametrize("error,cls", [
+    (sync_replicas.SyncStallError("no update for 9 s"),
+     sync_replicas.SyncStallError),
+    (sync_replicas.SyncTimeoutError("Operation timed out: no update"),
+     sync_replicas.SyncTimeoutError),
+    (tf.errors.InvalidArgumentError(None, None, "bad feed"),
+     tf.errors.InvalidArgumentError),
+    (ValueError("not an error of ours"), RuntimeError),
+], ids=["stall", "timeout", "tf-error", "other"])
+def test_the_abort_mark_gives_the_chiefs_error_class_and_reason(error, cls):
+  with tf.Graph().as_default():
+    mark = _abort.AbortMark(shared_prefix="")
+    mark.build(device="", scope="sync_replicas")
+    with tf.compat.v1.Session() as sess:
+      assert mark.read(sess) is None  # A normal end: no mark.
+      assert mark.write(sess, error)
+      worker, chief = mark.read(sess), mark.read(sess, chief=True)
+  for got in (worker, chief):
+    assert type(got) is cls, (got, cls)
+    assert str(got).startswith("the chief stopped the job: %s: %s" % (
+        type(error).__name__, str(error))), str(got)
+  assert "the job failed, it did not end" in str(worker), str(worker)
+  assert "This chief started again" in str(chief), str(chief)
 
 
 LOST_TASK = pathlib.Path(__file__).with_name("lost_task.py")
