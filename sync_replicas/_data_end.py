@@ -46,6 +46,7 @@ import typing
 
 import tensorflow as tf
 
+from sync_replicas import _abort
 from sync_replicas import _compat
 from sync_replicas import _diagnose
 from sync_replicas import _gone
@@ -178,6 +179,8 @@ class DataEnd:
     #: Every worker's local step on the ps, for the chief's stall line.
     self.local_steps = _step_record.LocalStepRecord(
         shared_prefix=shared_prefix, total_num_replicas=total_num_replicas)
+    #: Why the chief stopped a job that failed, for the workers (``_abort``).
+    self.abort = _abort.AbortMark(shared_prefix=shared_prefix)
     # The chief's memory of the record: key -> batches of every worker this
     # process saw done. The record lives on one ps task; a restart of that
     # task empties it, and the workers that were done have exited and
@@ -190,6 +193,7 @@ class DataEnd:
     self.key, self.who = worker_key(local_step.device)
     self.local_steps.build(device=device, scope=scope, key=self.key,
                            worker_device=local_step.device)
+    self.abort.build(device=device, scope=scope)
     with tf.compat.v1.device(device), tf.compat.v1.name_scope(scope):
       # A table, not a variable: no Saver, readiness check or checkpoint
       # sees it, and it lives as long as the ps task, across chief restarts;
@@ -670,6 +674,27 @@ class AnnouncesDataEnd:
         read_addresses=ends.local_steps.read_addresses,
         local_step=_diagnose.local_step_spec(local_step),
         total_num_replicas=ends.total_num_replicas, timeout_ms=timeout_ms)
+
+  def chief_stop_error(
+      self, sess: "tf.compat.v1.Session") -> "Exception | None":
+    """Not in stock: the error the chief stopped a failed job with, or None.
+
+    Read from the abort mark the chief leaves on the ps before it closes
+    the token queue on a stop with an error (``SyncStallError``,
+    ``SyncTimeoutError``, its sync loop's error), in one bounded run. A
+    worker's hook asks when a run ended on that closed queue: with a mark
+    the worker fails with this error (the chief's class, its reason in the
+    message) instead of ending as if training were done. None without a
+    mark (a normal end), when the ps cannot be read, and with
+    ``data_end="stock"`` (docs/operations.md, "A job that failed").
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self
+    _ = opt.global_step  # NotBuiltError before the build.
+    ends = opt._data_end  # pylint: disable=protected-access
+    return ends.abort.read(sess) if ends.enabled else None
 
   def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
     """Not in stock: what a worker's hook adds to a session run of

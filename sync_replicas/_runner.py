@@ -868,11 +868,21 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
                 "unreachable or restarted (%s): the token queue stays open "
                 "for the session that recovers", type(e).__name__)
     else:
-      try:
-        sess.run(self._close_ops(), options=options)
-      except Exception as e:  # pylint: disable=broad-except
-        _LOG.debug("closing the token queue on stop: %s", e)
+      self._end_the_job(sess, coord, options)
     loop_sess.close()
+
+  def _end_the_job(self, sess, coord, options):
+    """Closes the token queue: every worker's wait for a token ends."""
+    error = _requested_error(coord)
+    ends = self._loop.data_end
+    if error is not None and ends is not None:
+      # The job failed: the mark goes first, so that a worker whose run the
+      # closed queue ends finds why (``_abort``), not a normal end.
+      ends.abort.write(sess, error)
+    try:
+      sess.run(self._close_ops(), options=options)
+    except Exception as e:  # pylint: disable=broad-except
+      _LOG.debug("closing the token queue on stop: %s", e)
 
   def _run_local(self, sess, coord):
     try:

@@ -10,6 +10,7 @@ own (``_stats.StatsLogger`` says why), and logs them.
 """
 
 import logging
+import sys
 import typing
 
 import tensorflow as tf
@@ -73,7 +74,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._run_state = None
     # A run began and did not return (it raised): at end(), the input ended.
     self._open_run = False
-    self._train_steps = 0  # Runs that returned, for the data-end log line.
+    # Train runs (their fetches reach the train op) that returned, for the
+    # data-end log line; a script's own reads between steps are not counted.
+    self._train_steps = 0
+    self._train_run = False  # The run in flight trains.
     self._coord = None
     # A non-chief's watch on the chief while a train run waits for a token
     # (``_lost.ChiefWatch``), per session; None on the chief or without it.
@@ -135,6 +139,12 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       ends = self._q_runner.data_end
       if ends is not None:
         ends.restore(session)
+        # A job that failed left the token queue closed on this ps, where
+        # no initial token can go: say why, not the enqueue's CancelledError
+        # (docs/operations.md, "A job that failed").
+        failed = ends.abort.read(session, chief=True)
+        if failed is not None:
+          raise failed
     if self._timeline is not None:
       self._timeline.session_started(session)
     self._chief_watch = None
@@ -169,6 +179,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       fetches[_timeline_hook.KEY] = marks
     record = self._sync_optimizer.data_end_fetches(
         run_context.original_args.fetches)
+    # Only a data_end policy counts train steps, and only it records them.
+    self._train_run = record is not None
     if record is not None:
       # This worker's new local step, kept on the ps by the run's own ps
       # partition, for the chief's stall line (data_end).
@@ -181,7 +193,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
       self, run_context: "tf.compat.v1.train.SessionRunContext",
       run_values: "tf.compat.v1.train.SessionRunValues") -> None:
     self._open_run = False
-    self._train_steps += 1
+    if self._train_run:
+      self._train_steps += 1
     if self._chief_watch is not None:
       self._chief_watch.run_ended()
     if self._run_state is not None:
@@ -207,8 +220,29 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     if self._open_run:
       self._open_run = False
       coord = self._coord
+      # A run ended by the token queue the chief closed when the job
+      # failed: this worker fails too, with the chief's reason (_abort).
+      failed = (None if self._is_chief
+                else self._sync_optimizer.chief_stop_error(session))
+      if failed is not None:
+        _LOG.error("sync_replicas: %s", failed)
+        if coord is not None and not coord.should_stop():
+          # MonitoredSession's close raises it, once every hook's end ran.
+          coord.request_stop(_raised(failed))
+          return
+        raise failed
       self._sync_optimizer.announce_data_end(
           session, is_chief=self._is_chief, batches=self._train_steps,
           should_stop=lambda: coord is not None and coord.should_stop())
     if self._run_state is not None:
       self._run_state.ended = True
+
+
+def _raised(error):
+  """``error`` as the ``exc_info`` tuple ``Coordinator.request_stop`` takes
+  outside an ``except`` block (raised once, so that it carries a
+  traceback)."""
+  try:
+    raise error
+  except Exception:  # pylint: disable=broad-except
+    return sys.exc_info()

@@ -4,7 +4,8 @@
 ``device_filters``, ``wait_for_chief_init``, MonitoredTrainingSession with
 the sync hook and StopAtStepHook, the ps's ``done`` queue), with the class
 (``impl``: "stock" or "ours"), ``replicas_to_aggregate`` and
-``operation_timeout_in_ms`` from the spec. One change to README's ending:
+``operation_timeout_in_ms`` from the spec, and with ``batches`` a one-pass
+input of that many batches per worker. One change to README's ending:
 the chief puts one more item in ``done`` for each worker declared gone
 (``worker_gone_secs``), which never puts its own, so that the ps ends with
 the job. A task appends JSON lines to its ``out`` file: a worker ``ready``
@@ -57,6 +58,13 @@ def _train(spec, server, cluster, index):
       cluster=cluster, worker_device=me)):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     x = tf.random.normal([32])
+    if spec.get("batches") is not None:
+      # A one-pass input of that many batches: its end raises OutOfRange,
+      # which ends this worker's MonitoredSession (data_end).
+      with tf.compat.v1.device(me):
+        batch = tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.range(spec["batches"])).get_next()
+      x += 0.0 * tf.cast(batch, tf.float32)
     y = 3.0 * x + 2.0 + tf.random.normal([32], stddev=0.1)
     w = tf.compat.v1.get_variable("w", [], initializer=tf.zeros_initializer())
     b = tf.compat.v1.get_variable("b", [], initializer=tf.zeros_initializer())

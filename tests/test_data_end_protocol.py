@@ -77,13 +77,17 @@ class ShardWorker:
         self.hooks.append(
             tf.compat.v1.train.StopAtStepHook(last_step=last_step))
 
-  def train(self, ready):
-    """Trains until the input ends (or the step limit); returns the runs."""
+  def train(self, ready, *, reads=False):
+    """Trains until the input ends (or the step limit); returns the runs.
+    With ``reads``, also reads the global step in a run of its own before
+    each train run, as a script that logs it does."""
     with self.graph.as_default(), support.monitored_session(
         self.target, is_chief=self.is_chief, hooks=self.hooks) as sess:
       if self.is_chief:
         ready.set()
       while not sess.should_stop():
+        if reads:
+          sess.run(self.step)
         sess.run(self.train_op)
         self.runs += 1
     return self.runs
@@ -107,6 +111,7 @@ def _run(shards, *, kept=None, **kwargs):
   workers = len(shards)
   cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
   per_worker_index = kwargs.pop("per_worker_index", False)
+  reads = kwargs.pop("reads", False)
   jobs = [ShardWorker(cluster, t, workers=workers, batches=n,
                       **(dict(kwargs, worker_index=t) if per_worker_index
                          else kwargs))
@@ -114,7 +119,7 @@ def _run(shards, *, kept=None, **kwargs):
 
   def work(cluster, task, ready):
     del cluster
-    jobs[task].train(ready)
+    jobs[task].train(ready, reads=reads)
 
   support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
   step, trained = _trained(cluster, workers)
@@ -174,6 +179,23 @@ def test_each_worker_logs_one_line_when_its_data_ends(caplog):
   assert "after 2 train steps; 1 of 3 workers done" in by_worker["worker 1"]
   assert "each update now needs 2 gradients" in by_worker["worker 1"]
   assert "every worker is done" in "".join(lines), lines
+
+
+def test_the_data_end_line_counts_train_steps_not_the_scripts_reads(
+    caplog):
+  """Each worker also reads the global step before every train run: the
+  line counts its shard's batches, not every run of its session (it once
+  said 49 train steps for a shard of 24)."""
+  with caplog.at_level("INFO", logger="sync_replicas"):
+    _, trained, _ = _run((6, 2, 6), reads=True)
+  np.testing.assert_array_equal(trained, (6, 2, 6))
+  lines = [r.getMessage() for r in caplog.records
+           if "its data ended" in r.getMessage()]
+  by_worker = {line.split(":")[1].strip(): line for line in lines}
+  assert sorted(by_worker) == ["worker 0", "worker 1", "worker 2"], lines
+  for task, batches in enumerate((6, 2, 6)):
+    assert "its data ended after %d train steps;" % batches in (
+        by_worker["worker %d" % task]), by_worker
 
 
 def test_a_step_limit_ends_the_job_as_before(caplog):

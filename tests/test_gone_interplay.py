@@ -372,12 +372,19 @@ def test_data_end_a_gone_worker_is_not_done_and_the_live_ones_end_the_job(
   ended = {m.split(":")[1].strip(): m for m in messages
            if "its data ended" in m}
   assert sorted(ended) == ["worker 0", "worker 1"], ended
+  # Train runs only: each worker also reads its local step in a run of its
+  # own before every push.
+  assert "its data ended after 16 train steps;" in ended["worker 0"], ended
+  assert "its data ended after 24 train steps;" in ended["worker 1"], ended
   assert "1 of 3 workers done, 1 gone; the chief keeps running updates " \
       "(each needs 1 gradients) until the other 1 worker(s) are done" in (
           ended["worker 0"]), ended
   assert "2 of 3 workers done, 1 gone; every live worker is done" in (
       ended["worker 1"]), ended
-  last = [m for m in messages if "the job ends" in m][-1]
+  # The chief's line: a worker's own "its data ended" line also says "the
+  # job ends", and may be logged after it.
+  last = [m for m in messages
+          if "every live worker is done at global step" in m][-1]
   assert ("every live worker is done at global step %d: the job ends; 1 of "
           "3 workers gone, not done (keys 2): what was left of their input "
           "was never trained" % step) in last, last

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import support
 import sync_replicas
+from sync_replicas import _abort
 from sync_replicas import _lost
 from sync_replicas import _ports
 from sync_replicas import _step_record
@@ -99,7 +100,11 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
       sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
   except sync_replicas.SyncStallError as e:
     stopped.append(str(e))
-  line = [x for x in _stall_lines(caplog) if "cannot push" in x][0]
+  # The first line after the chief's own push landed ("w 1/3"): on a
+  # loaded machine the watch's first lines may come before it, and then
+  # say the update lacks 3.
+  line = [x for x in _stall_lines(caplog)
+          if "cannot push" in x and "w 1/3" in x][0]
   spec = lost_cluster.spec
   assert "the update lacks 2 gradient(s); 2 worker(s) cannot push" in line
   assert ("worker key 1 (/job:worker/replica:0/task:1 at %s): its task "
@@ -170,6 +175,31 @@ def test_probe_tells_refused_from_silent():
     silent.close()
 
 
+@pytest.mark.parametrize("error,cls", [
+    (sync_replicas.SyncStallError("no update for 9 s"),
+     sync_replicas.SyncStallError),
+    (sync_replicas.SyncTimeoutError("Operation timed out: no update"),
+     sync_replicas.SyncTimeoutError),
+    (tf.errors.InvalidArgumentError(None, None, "bad feed"),
+     tf.errors.InvalidArgumentError),
+    (ValueError("not an error of ours"), RuntimeError),
+], ids=["stall", "timeout", "tf-error", "other"])
+def test_the_abort_mark_gives_the_chiefs_error_class_and_reason(error, cls):
+  with tf.Graph().as_default():
+    mark = _abort.AbortMark(shared_prefix="")
+    mark.build(device="", scope="sync_replicas")
+    with tf.compat.v1.Session() as sess:
+      assert mark.read(sess) is None  # A normal end: no mark.
+      assert mark.write(sess, error)
+      worker, chief = mark.read(sess), mark.read(sess, chief=True)
+  for got in (worker, chief):
+    assert type(got) is cls, (got, cls)
+    assert str(got).startswith("the chief stopped the job: %s: %s" % (
+        type(error).__name__, str(error))), str(got)
+  assert "the job failed, it did not end" in str(worker), str(worker)
+  assert "This chief started again" in str(chief), str(chief)
+
+
 LOST_TASK = pathlib.Path(__file__).with_name("lost_task.py")
 #: The sessions' operation timeout in the op-timeout test: past the longest
 #: step on the shared machine, short for the test's time.
@@ -187,14 +217,16 @@ class Readme:
   short operation timeout runs out would end the job at its start.
   """
 
-  def __init__(self, tmp_path, impl, *, steps=100_000, env=None):
+  def __init__(self, tmp_path, impl, *, steps=100_000, env=None,
+               batches=None):
     self._dir = tmp_path / impl
     self._dir.mkdir()
     ports = _ports.free_ports(4)
     self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                     "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     self._spec = {"cluster": self.cluster, "impl": impl, "replicas": 3,
-                  "steps": steps, "op_timeout_ms": TIMEOUT_MS}
+                  "steps": steps, "op_timeout_ms": TIMEOUT_MS,
+                  "batches": batches}
     self.procs = {}
     copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(
@@ -207,6 +239,10 @@ class Readme:
                          timeout=120, what="%s%d's server" % (job, task),
                          interval=0.1)
     self._start("worker", 0)
+
+  def start_again(self, task, job="worker"):
+    """Starts task ``task`` again (its record and log go on)."""
+    self._start(job, task)
 
   def _start(self, job, task):
     spec = dict(self._spec, job=job, task=task,
@@ -318,5 +354,69 @@ def test_chief_lost_for_good_ends_every_worker_with_an_error_naming_it(
       assert took < TIMEOUT_MS / 1000 + 30, took
       print("worker %d, %.1f s after the chief's kill: %s: %s" % (
           task, took, end["type"], end["message"]))
+  finally:
+    job.close()
+
+
+def _exit_code(job, task, job_name="worker", timeout=60):
+  try:
+    return job.procs[(job_name, task)].wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    raise AssertionError("%s%d still running after %d s:\n%s" % (
+        job_name, task, timeout, job.log(task, job_name)[-3000:])) from None
+
+
+@pytest.mark.timeout(360)
+def test_a_failed_job_ends_failed_on_every_surviving_worker(tmp_path):
+  """Worker 2 SIGKILLed: the chief stops the job with SyncTimeoutError and
+  closes the token queue. Worker 1, whose token wait the closed queue ends,
+  and worker 2 started again after that, each fail with the chief's error
+  class and reason (the abort mark on the ps), where they used to end as
+  if training were done (exit 0). Stock's survivors die at the operation
+  timeout with DeadlineExceededError, which SyncTimeoutError is. A chief
+  started again on the same ps fails at its start with the same reason
+  (the queue stays closed), not with a CancelledError."""
+  job = Readme(tmp_path, "ours")
+  try:
+    support.wait_until(lambda: job.step() >= 20, timeout=120,
+                       what="the chief past step 20", interval=0.1)
+    support.kill_group(job.procs[("worker", 2)])
+    assert _exit_code(job, 0, timeout=TIMEOUT_MS / 1000 + 60) == 1
+    chief = job.end(0)
+    assert chief["type"] == "SyncTimeoutError", chief
+    address = job.cluster["worker"][2]
+    # Started after the abort, against the closed queue and the mark.
+    job.start_again(2)
+    job.start_again(0)
+    for task in (1, 2, 0):
+      # The two started again import TensorFlow and wait for the chief's
+      # init first: over a minute at load average 50-100.
+      assert _exit_code(job, task, timeout=150) == 1, job.log(task)[-3000:]
+      end = [r for r in job.records(task) if r["event"] == "error"][-1]
+      assert end["event"] == "error", end
+      assert end["type"] == "SyncTimeoutError" and end["deadline"], end
+      assert end["message"].startswith(
+          "the chief stopped the job: SyncTimeoutError: Operation timed "
+          "out: no update for "), end["message"]
+      assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s" % (
+          address, _lost.REFUSED)) in end["message"], end["message"]
+      assert ("This chief started again" in end["message"]) == (task == 0), (
+          end["message"])
+      print("worker %d: %s: %s" % (task, end["type"], end["message"][:300]))
+  finally:
+    job.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_data_end_still_ends_every_task_with_exit_0(tmp_path):
+  """The abort mark changes nothing on a normal end: each worker's
+  one-pass input ends, the chief ends the job and closes the token queue
+  without an error, and every task, the ps too, exits 0."""
+  job = Readme(tmp_path, "ours", batches=30)
+  try:
+    for task in (0, 1, 2):
+      assert _exit_code(job, task, timeout=120) == 0, job.log(task)[-3000:]
+      assert job.end(task)["event"] == "done", job.end(task)
+    assert _exit_code(job, 0, "ps") == 0, job.log(0, "ps")[-3000:]
   finally:
     job.close()
