@@ -49,8 +49,8 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert ("next: update to step 1 waits for gradients: w 1/2; 1 token(s) "
           "queued\n") in text, text
   # Both replicas hold local step 0 (the global step): nothing is stale.
-  assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0, "
-          "/job:worker/replica:0/task:1 0\n") in text, text
+  assert ("replicas: workers' local steps: worker0 0, worker1 0\n") in text, (
+      text)
   assert state() == [0, 1, [1]], "the status tool changed the sync state"
 
   # The second gradient completes the update; the tool sees it too.
