@@ -9,6 +9,9 @@ import io
 import json
 import os
 import pathlib
+import subprocess
+import sys
+import time
 
 import tensorflow as tf
 
@@ -63,6 +66,56 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert text.count("global_step: 1") == 2
   assert " 0/2 " in text and "tokens queued: 2" in text
   assert state() == [1, 2, [0]]
+
+
+#: Seconds the command may take from its last line to its exit: closing its
+#: session to the ps, then nothing (Python's exit, TensorFlow's teardown,
+#: took 9-35 s more at load 30-40; without it 0.2-8.5 s, the close starved
+#: of CPU). The atexit probe is what tells the two apart on any machine.
+EXIT_SECS = 20.0
+
+_ATEXIT_PROBE = """import atexit, os
+atexit.register(lambda: open(os.environ["STATUS_EXIT_PROBE"], "w").close())
+"""
+
+
+def test_the_command_exits_once_it_has_answered(half_way, tmp_path):
+  """The command's process (status.console, the console script's entry
+  point; ``python -m`` runs the same) ends once its lines are out, without
+  Python's exit: an atexit hook that a sitecustomize puts in never runs,
+  and the process is gone within EXIT_SECS of its last line."""
+  cluster, path, state, _, _ = half_way
+  ps = cluster.cluster_spec.job_tasks("ps")[0]
+  probe_dir = tmp_path / "probe"
+  probe_dir.mkdir()
+  (probe_dir / "sitecustomize.py").write_text(_ATEXIT_PROBE)
+  ran = tmp_path / "python-exit-ran"
+  env = dict(os.environ, PYTHONUNBUFFERED="1", STATUS_EXIT_PROBE=str(ran),
+             PYTHONPATH=support.pythonpath(probe_dir))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "sync_replicas.cli.status", "--manifest", path,
+       "--ps", ps], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=env, start_new_session=True)
+  lines, last = [], None
+  try:
+    for line in proc.stdout:  # Until the process closes it: at its end.
+      lines.append(line)
+      last = time.monotonic()
+    code = proc.wait(timeout=60)
+    ended = time.monotonic()
+    err = proc.stderr.read()
+  finally:
+    support.kill_group(proc)
+  text = "".join(lines)
+  assert code == 0, (text, err)
+  assert "global_step: 0" in text and "replicas: " in text, (text, err)
+  assert not ran.exists(), "the command ran Python's exit (atexit, teardown)"
+  assert ended - last < EXIT_SECS, ended - last
+  assert state() == [0, 1, [1]], "the status tool changed the sync state"
+  # The probe works: a plain Python's exit runs it.
+  subprocess.run([sys.executable, "-c", "pass"], env=env, check=True,
+                 timeout=60)
+  assert ran.exists()
 
 
 def test_status_finds_the_ps_in_tf_config(half_way, monkeypatch):
