@@ -286,8 +286,8 @@ class GoneWatch:
              "it pushed again (local step %d)" % now_step)
       _LOG.info(
           "sync_replicas: %s is back (%s): taken back; updates "
-          "need %d gradients again from the next update", self._name(key), how,
-          self._ends.need(len(record) - len(taken)))
+          "need %d gradients again from the next update", self._name(key),
+          how, self._ends.need(len(record) - len(taken)))
     return taken
 
   def _name(self, key):
@@ -354,5 +354,5 @@ class GoneWatch:
           " no push for %.0f s, %s, and %s; "
           "updates now need %d gradients (%d of %d workers live); it is "
           "taken back when its task starts again",
-          _lost.named(key, device, address), self.secs, quiet, waits, reason, self._ends.need(len(out)),
-          total - len(out), total)
+          _lost.named(key, device, address), self.secs, quiet, waits,
+          reason, self._ends.need(len(out)), total - len(out), total)
