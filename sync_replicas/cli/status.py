@@ -131,8 +131,9 @@ def console() -> "typing.NoReturn":
   lines are flushed, the process ends on the spot with ``main``'s code.
 
   Python's exit would then run TensorFlow's teardown (its sessions' gRPC
-  channels and threads, its C++ statics): 17-30 s after the answer on a
-  loaded machine, in which the command printed nothing and held the shell.
+  channels and threads, its C++ statics): 9-96 s after the answer (median
+  35 s) at load 30-47, in which the command printed nothing and held the
+  shell; 0.2-8.5 s without it (docs/operations.md).
   The tool has nothing to clean up (it only reads, writes no file, and
   leaves no process), so nothing is lost. Only the command's own process
   ends so: ``main()`` called from Python returns, and its caller's exit is
