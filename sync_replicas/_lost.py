@@ -123,10 +123,10 @@ def clause(lost, *, missing):
   """
   if not lost:
     return ""
-  named = ["%s: %s" % (named(key, device, address), reason)
-           for key, device, address, reason in lost]
+  entries = ["%s: %s" % (named(key, device, address), reason)
+             for key, device, address, reason in lost]
   return ("; the update lacks %d gradient(s); %d worker(s) cannot push: %s"
-          % (missing, len(lost), "; ".join(named)))
+          % (missing, len(lost), "; ".join(entries)))
 
 
 def stall_clause(sess, *, ends, done, counts, needed, reader):

@@ -155,6 +155,18 @@ def test_a_worker_knows_its_task_address(target, environ, want):
       target, "/job:worker/task:1", environ=environ) == want
 
 
+def test_the_clause_names_each_worker_that_cannot_push_by_its_task():
+  # As the launcher labels its lines; "key N" only where no task is known.
+  text = _lost.clause([
+      (0, "/job:chief/replica:0/task:0", "10.0.0.1:2223", _lost.REFUSED),
+      (2, "/job:worker/replica:0/task:1", None, _lost.SILENT),
+      (7, None, None, "its address x cannot be reached")], missing=2)
+  assert text == (
+      "; the update lacks 2 gradient(s); 3 worker(s) cannot push: chief0 at "
+      "10.0.0.1:2223: %s; worker1: %s; key 7 (task unknown): its address x "
+      "cannot be reached" % (_lost.REFUSED, _lost.SILENT)), text
+
+
 def test_probe_tells_refused_from_silent():
   silent = socket.socket()
   silent.bind(("127.0.0.1", 0))
