@@ -377,7 +377,9 @@ def test_data_end_a_gone_worker_is_not_done_and_the_live_ones_end_the_job(
           ended["worker0"]), ended
   assert "2 of 3 workers done, 1 gone; every live worker is done" in (
       ended["worker1"]), ended
-  last = [m for m in messages if "the job ends" in m][-1]
+  # The chief's line: the last worker's own line also ends with "the job
+  # ends", and which of the two is logged last is a race.
+  last = [m for m in messages if ": the job ends;" in m][-1]
   assert ("every live worker is done at global step %d: the job ends; 1 of "
           "3 workers gone, not done (worker2): what was left of their input "
           "was never trained" % step) in last, last
