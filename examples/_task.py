@@ -43,15 +43,16 @@ Task.__doc__ = "This process's place in the cluster."
 
 
 def name(task):
-  """How the task names itself in its lines: as its cluster does, ``chief
-  0``, ``worker 1``, ``ps 0``.
+  """How the task names itself in its lines: as its cluster does,
+  ``chief0``, ``worker1``, ``ps0``.
 
-  The same words as its TF_CONFIG (or its flags), the launcher's labels
-  (``[worker1]``), its device (``/job:worker/task:1``) and so the status
-  tool and the timeline (``worker-1``): one numbering everywhere. Without a
-  ``chief`` job, worker 0 is the chief.
+  The same job and index as its TF_CONFIG (or its flags) and its device
+  (``/job:worker/task:1``), in the form of the launcher's labels
+  (``[worker1]``), the package's own lines, the status tool and the
+  timeline: one numbering everywhere. Without a ``chief`` job, worker 0 is
+  the chief.
   """
-  return "%s %d" % (task.job_name, task.task_index)
+  return "%s%d" % (task.job_name, task.task_index)
 
 
 def setup_logging(level=logging.INFO, *, name="examples", fmt="%(message)s"):
@@ -234,9 +235,9 @@ def serve_forever(server, task):
   # Under sync-replicas-launch nothing is for the reader to do: the launch
   # stops it. Started by hand it serves until killed; Ctrl-C does not reach
   # Python while join() waits in TensorFlow's C++.
-  _LOG.info("ps %d serving at %s until stopped (sync-replicas-launch stops "
+  _LOG.info("%s serving at %s until stopped (sync-replicas-launch stops "
             "it once every replica is done; started by hand: kill %d)",
-            task.task_index, task.cluster.task_address("ps", task.task_index),
+            name(task), task.cluster.task_address("ps", task.task_index),
             os.getpid())
   server.join()
 

@@ -120,7 +120,7 @@ def main(argv=None):
     raise SystemExit("workers still running after 600 s: %s" % stuck)
   for task in sorted(results):
     runs, last_loss = results[task]
-    _LOG.info("worker %d: %d train-op runs, last loss %.5f", task, runs,
+    _LOG.info("worker%d: %d train-op runs, last loss %.5f", task, runs,
               last_loss)
   final_loss = results.get(0, (0, float("nan")))[1]
   _LOG.info("final chief loss %.5f", final_loss)

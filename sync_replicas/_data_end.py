@@ -52,6 +52,7 @@ from sync_replicas import _diagnose
 from sync_replicas import _gone
 from sync_replicas import _lost
 from sync_replicas import _step_record
+from sync_replicas import _task_names
 
 _LOG = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ def worker_key(device, *, environ=None):
   count again.
 
   Returns:
-    ``(key, who)``: an int, and a name for the log lines.
+    ``(key, who)``: an int, and the task's name for the log lines
+    (``_task_names``: ``chief0``, ``worker1``).
   """
   environ = os.environ if environ is None else environ
   has_chief, task = False, None
@@ -121,11 +123,12 @@ def worker_key(device, *, environ=None):
   else:
     key = random.getrandbits(62) + (1 << 32)
     return key, "a worker with no task device (key %d)" % key
+  who = _task_names.name(job, index)
   if job == "chief":
-    return 0, "the chief"
+    return 0, who
   if has_chief:
-    return index + 1, "worker %d" % index
-  return index, "worker %d" % index
+    return index + 1, who
+  return index, who
 
 
 class NoDataEnd:
@@ -172,6 +175,9 @@ class DataEnd:
     self.tokens_per_step = tokens_per_step
     self.shared_name = shared_prefix + "sync_replicas_done"
     self.key = self.who = None
+    #: ``{key: task device}`` of every worker, which the chief's lines
+    #: name (``_lost.key_devices``).
+    self.devices = {}
     self.done_count = self.done_keys = self.is_closed = None
     self._key = self._batches = self._announce = None
     self._restore_keys = self._restore_batches = self._restore = None
@@ -191,6 +197,8 @@ class DataEnd:
   def build(self, *, device, scope, token_queue, local_step):
     """The done record and the ops that read and write it."""
     self.key, self.who = worker_key(local_step.device)
+    self.devices = _lost.key_devices(local_step.device,
+                                     self.total_num_replicas)
     self.local_steps.build(device=device, scope=scope, key=self.key,
                            worker_device=local_step.device)
     self.abort.build(device=device, scope=scope)
@@ -393,8 +401,8 @@ class DataEnd:
       return []
     _LOG.info("sync_replicas: the record of the workers done on the ps held "
               "%d of the %d the chief saw done (its ps task restarted?): "
-              "put back keys %s", len(keys), len(seen),
-              ", ".join(str(k) for k in lost))
+              "put back %s", len(keys), len(seen),
+              _task_names.listed(lost, self.devices))
     return lost
 
   def gone_keys(self, session):
@@ -439,7 +447,8 @@ def wait_for_the_others(ends, session, *, global_step, should_stop,
         # Counted among the done, but none of them finished its input.
         _LOG.info("sync_replicas: every live worker is done at global "
                   "step %d: the job ends; %s", step, _gone.end_clause(
-                      gone, total_num_replicas=ends.total_num_replicas))
+                      gone, total_num_replicas=ends.total_num_replicas,
+                      devices=ends.devices))
       else:
         _LOG.info("sync_replicas: every worker is done at global step "
                   "%d: the job ends", step)
@@ -511,18 +520,22 @@ def stall_part(done, ends, replicas_to_aggregate, *, gone=()):
   if done is None:
     return replicas_to_aggregate, ""
   return ends.need(len(done)), "; " + "; ".join(out_clauses(
-      done, gone, total_num_replicas=ends.total_num_replicas))
+      done, gone, total_num_replicas=ends.total_num_replicas,
+      devices=ends.devices))
 
 
-def out_clauses(done, gone, *, total_num_replicas):
+def out_clauses(done, gone, *, total_num_replicas, devices=None):
   """The words on the workers out of the updates: those done, then (if
   any) those gone; the chief's stall line joins them, the status tool
-  prints each on a line of its own (``data end:``, ``lost:``)."""
+  prints each on a line of its own (``data end:``, ``lost:``). ``devices``:
+  ``{key: task device}``, which names them."""
   gone = sorted(gone or ())
   clauses = [done_clause([k for k in done if k not in gone],
-                         total_num_replicas=total_num_replicas)]
+                         total_num_replicas=total_num_replicas,
+                         devices=devices)]
   if gone:
-    clauses.append(_gone.clause(gone, total_num_replicas=total_num_replicas))
+    clauses.append(_gone.clause(gone, total_num_replicas=total_num_replicas,
+                                devices=devices))
   return clauses
 
 
@@ -533,16 +546,18 @@ def log_stop_together(*, step, dropped):
             "dropped", step, dropped)
 
 
-def done_clause(keys, *, total_num_replicas):
-  """The stall line's part on the workers done (``keys`` from the record).
+def done_clause(keys, *, total_num_replicas, devices=None):
+  """The stall line's part on the workers done (``keys`` from the record),
+  named by task (``devices``: ``{key: task device}``,
+  ``_lost.key_devices``).
 
   A worker that crashed is not done: it stays among those the update waits
   for.
   """
   if not keys:
     return "no worker is done (data_end)"
-  return "%d of %d workers done, their input ended (keys %s)" % (
-      len(keys), total_num_replicas, ", ".join(str(k) for k in keys))
+  return "%d of %d workers done, their input ended: %s" % (
+      len(keys), total_num_replicas, _task_names.listed(keys, devices))
 
 
 class AnnouncesDataEnd:

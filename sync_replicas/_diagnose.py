@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from sync_replicas import _compat
 from sync_replicas import _restart
+from sync_replicas import _task_names
 
 _LOG = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ READ_TIMEOUT_MS = 2000
 # device: the device it has in this graph ("" when unplaced).
 LocalStepSpec = collections.namedtuple(
     "LocalStepSpec", ["name", "dtype", "resource", "device"])
-# device: the task read (or the worker's key in the ps's record); step: its
+# device: the task read (or "key N" in the ps's record where no task is
+# known); the lines name it by its task (``_task_names``); step: its
 # local step, or None with ``error`` saying why it could not be read; done:
 # its input ended (data_end), or "gone" (worker_gone_secs): either way the
 # updates do not wait for it, and it is never counted stale.
@@ -249,18 +251,20 @@ def replicas_clause(local_steps, *, global_step, tokens, starts, generations,
       generation * _restart.GENERATION_STRIDE if generations else 0)
   shown, stale, fresh = [], [], []
   for reading in local_steps:
+    # The task's name (worker1), as every line names it; else the label.
+    who = _task_names.of_device(reading.device) or reading.device
     done = " (%s)" % ("gone" if reading.done == GONE else "done") if (
         reading.done) else ""
     if reading.step is None:
-      shown.append("%s %s%s" % (reading.device, reading.error, done))
+      shown.append("%s %s%s" % (who, reading.error, done))
       continue
     gen, plain = _restart.decode(reading.step, generations)
-    label = "%s %d" % (reading.device, plain)
+    label = "%s %d" % (who, plain)
     if gen != generation:
       label += " (generation %d, current %d)" % (gen, generation)
     shown.append(label + done)
     if not reading.done:
-      (stale if reading.step < current else fresh).append(reading.device)
+      (stale if reading.step < current else fresh).append(who)
   text = "workers' local steps: " + ", ".join(shown)
   if stale:
     text += ("; every push from %s is stale (local step behind global step "

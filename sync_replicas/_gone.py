@@ -43,6 +43,7 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _diagnose
 from sync_replicas import _lost
+from sync_replicas import _task_names
 
 _LOG = logging.getLogger(__name__)
 
@@ -98,21 +99,22 @@ def gone_keys(keys, values):
                 if int(v) == GONE)
 
 
-def clause(gone, *, total_num_replicas):
-  """The stall line's and the status tool's words on the gone workers."""
+def clause(gone, *, total_num_replicas, devices=None):
+  """The stall line's and the status tool's words on the gone workers
+  (``devices``: ``{key: task device}``, which names them)."""
   if not gone:
     return ""
-  return "%d of %d workers gone (worker_gone_secs; keys %s)" % (
-      len(gone), total_num_replicas, ", ".join(str(k) for k in gone))
+  return "%d of %d workers gone (worker_gone_secs): %s" % (
+      len(gone), total_num_replicas, _task_names.listed(gone, devices))
 
 
-def end_clause(gone, *, total_num_replicas):
+def end_clause(gone, *, total_num_replicas, devices=None):
   """The chief's last line's words on the workers gone when a data-end job
   ends: counted with the done ones, but their input did not end."""
-  return ("%d of %d workers gone, not done (keys %s): what was left of their "
+  return ("%d of %d workers gone, not done (%s): what was left of their "
           "input was never trained" % (
               len(gone), total_num_replicas,
-              ", ".join(str(k) for k in gone)))
+              _task_names.listed(gone, devices)))
 
 
 class Marks:
@@ -283,10 +285,14 @@ class GoneWatch:
       how = ("its hook started again" if now_step < 0 else
              "it pushed again (local step %d)" % now_step)
       _LOG.info(
-          "sync_replicas: worker key %d is back (%s): taken back; updates "
-          "need %d gradients again from the next update", key, how,
-          self._ends.need(len(record) - len(taken)))
+          "sync_replicas: %s is back (%s): taken back; updates "
+          "need %d gradients again from the next update", self._name(key),
+          how, self._ends.need(len(record) - len(taken)))
     return taken
+
+  def _name(self, key):
+    """Worker ``key``'s task name (``_task_names``)."""
+    return _task_names.of_key(key, self._ends.devices)
 
   def _back_at_start(self, key, record, now_step):
     """Whether worker ``key``, whose hook started again (``now_step``, a
@@ -309,9 +315,9 @@ class GoneWatch:
     if self._started.get(key) != now_step:
       self._started[key] = now_step
       _LOG.info(
-          "sync_replicas: worker key %d's hook started again: it is taken "
+          "sync_replicas: %s's hook started again: it is taken "
           "back once a train run of it gets a token (updates need %d "
-          "gradients until then)", key,
+          "gradients until then)", self._name(key),
           self._ends.need(len(record)))
     return False
 
@@ -344,10 +350,9 @@ class GoneWatch:
                if stalled is not None else
                "updates went on without it to step %d" % step)
       _LOG.warning(
-          "sync_replicas: worker key %d (%s%s) is gone (worker_gone_secs=%g):"
+          "sync_replicas: %s is gone (worker_gone_secs=%g):"
           " no push for %.0f s, %s, and %s; "
           "updates now need %d gradients (%d of %d workers live); it is "
-          "taken back when its task starts again", key,
-          device or "task unknown", " at %s" % address if address else "",
-          self.secs, quiet, waits, reason, self._ends.need(len(out)),
-          total - len(out), total)
+          "taken back when its task starts again",
+          _lost.named(key, device, address), self.secs, quiet, waits,
+          reason, self._ends.need(len(out)), total - len(out), total)

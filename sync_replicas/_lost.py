@@ -22,6 +22,7 @@ import time
 
 from sync_replicas import _compat
 from sync_replicas import _diagnose
+from sync_replicas import _task_names
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
@@ -104,6 +105,13 @@ def lacking(*, keys, addresses, devices, read_steps,
           for key in sorted(found)]
 
 
+def named(key, device, address):
+  """``worker1 at 127.0.0.1:2225``: a worker as the lines name it, by its
+  task (``_task_names``), with the address recorded on the ps if any."""
+  return (_task_names.of_device(device) or "key %d (task unknown)" % key) + (
+      " at %s" % address if address else "")
+
+
 def clause(lost, *, missing):
   """The stall line's part naming the workers that cannot push ("; ..."),
   "" if none.
@@ -115,11 +123,10 @@ def clause(lost, *, missing):
   """
   if not lost:
     return ""
-  named = ["worker key %d (%s%s): %s" % (
-      key, device or "task unknown", " at %s" % address if address else "",
-      reason) for key, device, address, reason in lost]
+  entries = ["%s: %s" % (named(key, device, address), reason)
+             for key, device, address, reason in lost]
   return ("; the update lacks %d gradient(s); %d worker(s) cannot push: %s"
-          % (missing, len(lost), "; ".join(named)))
+          % (missing, len(lost), "; ".join(entries)))
 
 
 def stall_clause(sess, *, ends, done, counts, needed, reader):
@@ -243,13 +250,12 @@ class ChiefWatch:
           "Operation timed out: this worker's train run has waited %.0f s "
           "for a token, and the sessions' operation_timeout_in_ms=%d ends "
           "it in %.0f s: only the chief releases tokens, and the chief, "
-          "worker key %d (%s%s), cannot: %s. Restart the chief's task (the "
+          "%s, cannot: %s. Restart the chief's task (the "
           "same task index and checkpoint directory): it resumes from the "
           "last checkpoint, and the workers restarted after it rejoin "
           "(docs/operations.md, \"The chief lost for good\")." % (
               waited, self._timeout_ms, max(timeout_secs - waited, 0.0),
-              CHIEF_KEY, device or "task unknown",
-              " at %s" % address if address else "", reason))
+              named(CHIEF_KEY, device, address), reason))
       _LOG.error("sync_replicas: %s", message)
       coord.request_stop(timeout_error(message))
       return

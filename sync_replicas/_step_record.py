@@ -123,7 +123,7 @@ class LocalStepRecord:
     return self._insert
 
   def read(self, session, done_keys, gone_keys=()):
-    """``_diagnose.LocalStep`` readings labelled by key, those in
+    """``_diagnose.LocalStep`` readings of every key, those in
     ``done_keys`` marked done (``_diagnose.GONE`` for those also in
     ``gone_keys``); None if the record is empty (no hook ran a train step
     yet, or a Supervisor loop) or cannot be read.
@@ -143,8 +143,13 @@ class LocalStepRecord:
     every = set(found) | done
     if all(0 <= k < self._total for k in every):
       every |= set(range(self._total))
+    # Labelled by task device (the lines name the task: chief0, worker1),
+    # "key N" where the job names no task (in process).
+    devices = dict(enumerate(_diagnose.manifest_devices(
+        self._device_of_worker, self._total)))
     return [_diagnose.LocalStep(
-        "key %d" % k, found.get(k), None if k in found else "no step yet",
+        devices.get(k, "key %d" % k), found.get(k),
+        None if k in found else "no step yet",
         done=_diagnose.GONE if k in gone else k in done)
             for k in sorted(every)]
 

@@ -25,11 +25,11 @@ With no directory, ``NoTimeline`` stands in and builds nothing.
 """
 
 import os
-import re
 import time
 
 import tensorflow as tf
 
+from sync_replicas import _task_names
 from sync_replicas import _timeline_writer
 from sync_replicas import _train_runs
 
@@ -57,11 +57,9 @@ def directory_from(timeline_dir, environ=None):
 
 
 def task_name(device):
-  """A file-name-safe task name from a device string: ``worker-1``."""
-  found = re.search(r"/job:([\w-]+)/(?:replica:\d+/)?task:(\d+)", device or "")
-  if found:
-    return "%s-%s" % found.groups()
-  return "pid%d" % os.getpid()
+  """The task's name (``_task_names``: ``worker1``), file-name-safe, from a
+  device string; ``pid<N>`` for an unplaced one."""
+  return _task_names.of_device(device) or "pid%d" % os.getpid()
 
 
 class Timeline:

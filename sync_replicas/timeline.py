@@ -46,6 +46,7 @@ import statistics
 import sys
 import typing
 
+from sync_replicas import _task_names
 from sync_replicas.cli import _cli
 
 #: Steps of one restart generation in int64 tokens (``_restart``); the
@@ -77,6 +78,9 @@ def read(directory: str) -> "tuple[list[Update], list[Step], list[str]]":
         % (directory, directory))
   for path in paths:
     task, role = os.path.basename(path).rsplit(".", 2)[:2]
+    # Named as every line names a task (worker1), also in the files of
+    # releases that wrote worker-1.
+    task = _task_names.of_file_name(task)
     if task not in tasks:
       tasks.append(task)
     with open(path, encoding="utf-8") as lines:

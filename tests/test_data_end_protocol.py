@@ -176,8 +176,8 @@ def test_each_worker_logs_one_line_when_its_data_ends(caplog):
            if "its data ended" in r.getMessage()]
   assert len(lines) == 3, lines
   by_worker = {line.split(":")[1].strip(): line for line in lines}
-  assert "after 2 train steps; 1 of 3 workers done" in by_worker["worker 1"]
-  assert "each update now needs 2 gradients" in by_worker["worker 1"]
+  assert "after 2 train steps; 1 of 3 workers done" in by_worker["worker1"]
+  assert "each update now needs 2 gradients" in by_worker["worker1"]
   assert "every worker is done" in "".join(lines), lines
 
 
@@ -405,9 +405,9 @@ def test_the_timeline_records_a_job_that_ends_with_its_data(tmp_path):
   # One step record per train step that returned (the run the input ended
   # in trained nothing), and one update record per update the chief applied
   # (each file also opens with its process's start record).
-  assert [len(records("worker-%d.worker.jsonl" % t, "step"))
+  assert [len(records("worker%d.worker.jsonl" % t, "step"))
           for t in range(3)] == runs
-  assert len(records("worker-0.chief.jsonl", "update")) == step
+  assert len(records("worker0.chief.jsonl", "update")) == step
 
 
 def test_the_status_tool_says_which_workers_are_done(tmp_path):
@@ -421,7 +421,8 @@ def test_the_status_tool_says_which_workers_are_done(tmp_path):
       out=out)
   text = out.getvalue()
   assert code == 0, text
-  assert ("data end: 3 of 3 workers done, their input ended (keys 0, 1, 2)"
+  assert ("data end: 3 of 3 workers done, their input ended: worker0, worker1, "
+          "worker2"
           in text), text
 
 
@@ -454,7 +455,7 @@ def test_the_stall_line_names_the_workers_done(caplog):
                                   name="chief-step")
     chief.start()
     support.wait_until(
-        lambda: any("1 of 3 workers done, their input ended (keys 2)" in
+        lambda: any("1 of 3 workers done, their input ended: worker2" in
                     r.getMessage() for r in caplog.records),
         timeout=30, what="a stall line naming worker 2 done")
     line = [r.getMessage() for r in caplog.records
@@ -536,7 +537,7 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
     with jobs[0].graph.as_default():  # The recovery builds a Scaffold.
       sessions[0].run(jobs[0].train_op)
     assert abort.raised
-    assert any("put back keys 2" in r.getMessage() for r in caplog.records)
+    assert any("put back worker2" in r.getMessage() for r in caplog.records)
     assert runner.data_end.seen_done() == {2: 1}
     # The recovered session initialized the model again (no checkpoint),
     # as after a real ps restart without one: global step 0. Worker 1
@@ -582,7 +583,7 @@ def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
     chief.start()
     # Every worker took the token of step 1 (its local step) in its one
     # train run; the chief's second run waits for its next token.
-    expected = "workers' local steps: key 0 1, key 1 1, key 2 1 (done)"
+    expected = "workers' local steps: worker0 1, worker1 1, worker2 1 (done)"
     support.wait_until(
         lambda: any(expected in r.getMessage() for r in caplog.records),
         timeout=30, what="a stall line naming every worker")

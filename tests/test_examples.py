@@ -8,6 +8,8 @@ wait is bounded and every process group is killed in a finally block.
 """
 
 import importlib.metadata
+import io
+import json
 import os
 import pathlib
 import re
@@ -25,6 +27,7 @@ from examples import _task
 from examples import digits_estimator
 import sync_replicas
 from sync_replicas import cluster as cluster_lib
+from sync_replicas.cli import status as status_tool
 import support
 from sync_replicas import timeline
 
@@ -82,7 +85,7 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
                    r"\d\.\d+  \d+\.\d steps/s", out), out[-4000:]
   # One numbering: each task names itself as its label and TF_CONFIG do.
   for name in ("worker0", "worker1"):
-    assert "[%s] worker %s done after " % (name, name[-1]) in out, out[-4000:]
+    assert "[%s] %s done after " % (name, name) in out, out[-4000:]
   assert (tmp_path / "checkpoint").is_file()
   assert (tmp_path / "sync_manifest.json").is_file()  # For tools/status.
   assert list(tmp_path.glob("model.ckpt-*.index"))
@@ -90,7 +93,7 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   plot = tmp_path / "training.png"
   assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # The timeline every task wrote, merged now that all have ended, and the
-  # chief said where it is. The slowed replica (worker-1, replica 2) waits
+  # chief said where it is. The slowed replica (worker1, replica 2) waits
   # 30 ms for each batch, between its runs: that much at least, whatever
   # the load (which replicas train most, and whose pushes are stale, is
   # timing: the chief may train alone before the others join). How many
@@ -103,10 +106,10 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   rows, _ = timeline.merge(str(tmp_path / "timeline"),
                         out=str(tmp_path / "trace.json"),
                         png=str(tmp_path / "last.png"))
-  assert set(rows) == {"chief-0", "worker-0", "worker-1"}, rows
-  assert rows["worker-1"]["steps"] >= 1, rows
-  if rows["worker-1"]["steps"] >= 2:
-    assert rows["worker-1"]["median_between_runs_ms"] >= 30.0, rows
+  assert set(rows) == {"chief0", "worker0", "worker1"}, rows
+  assert rows["worker1"]["steps"] >= 1, rows
+  if rows["worker1"]["steps"] >= 2:
+    assert rows["worker1"]["median_between_runs_ms"] >= 30.0, rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
   # The same command again (issue 38: it resumed silently, and its timeline
   # mixed with the first run's): it says it resumes, and from which step,
@@ -138,15 +141,71 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
                  str(tmp_path), "--timeline_dir", str(tmp_path / "timeline"))
   assert re.search(r"\[chief0\] resuming from step %d: .* so nothing is "
                    r"trained" % step, idle), idle[-4000:]
-  for label, name in (("chief0", "chief 0"), ("worker0", "worker 0"),
-                      ("worker1", "worker 1")):
+  for name in ("chief0", "worker0", "worker1"):
     assert "[%s] %s: nothing to train, the global step is %d and --steps " \
-        "%d" % (label, name, step, step) in idle, idle[-4000:]
+        "%d" % (name, name, step, step) in idle, idle[-4000:]
   assert "final test accuracy" not in idle, idle[-4000:]
   assert plot.read_bytes() == plot_before
   assert int(tf.train.load_variable(
       tf.train.latest_checkpoint(str(tmp_path)), "global_step")) == step
   assert timeline.merge(str(tmp_path / "timeline"))[0] == latest
+
+
+@pytest.mark.timeout(300)
+def test_the_launch_the_status_tool_and_the_timeline_name_tasks_alike(
+    tmp_path):
+  """One numbering: with a ``chief`` job (whose records on the ps key the
+  chief 0 and worker N as N + 1), the launcher's labels, the programs' own
+  lines, the status tool's replicas line and the timeline's rows all say
+  chief0, worker0, worker1. Replica 2 (worker1) is slowed and there is no
+  backup, so updates wait for it while the status tool reads."""
+  logdir = tmp_path / "job"
+  cmd = [sys.executable, str(LAUNCH), "--unconfined", "--ps", "1",
+         "--workers", "3", "--timeout", "240", "--", sys.executable, "-m",
+         "examples.digits", "--steps", "40", "--log_every", "20",
+         "--checkpoint_every", "1000", "--no_plot", "--logdir", str(logdir),
+         "--slow_replica", "2", "--slow_ms", "1000",
+         "--timeline_dir", str(logdir / "timeline")]
+  proc = subprocess.Popen(cmd, cwd=IMPORTED_ROOT, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          start_new_session=True)
+  try:
+    output = support.OutputLines(proc.stdout)
+    cluster = json.loads(output.find(r"\[launch\] cluster (\{.*\})",
+                                     "the launch's cluster line",
+                                     timeout=60).group(1))
+    assert sorted(cluster) == ["chief", "ps", "worker"], cluster
+    read = []
+
+    def replicas_line():
+      # In this process (TensorFlow is loaded): the job is unconfined.
+      if not (logdir / "sync_manifest.json").is_file():
+        return False
+      out = io.StringIO()
+      if status_tool.main(["--manifest", str(logdir), "--ps",
+                           cluster["ps"][0]], out=out) != 0:
+        return False
+      read[:] = re.findall(r"replicas: workers' local steps: ([^;\n]*)",
+                           out.getvalue())
+      return bool(read)
+
+    support.wait_until(replicas_line, timeout=180, interval=0.5,
+                       what="a status read while an update waits")
+    assert proc.wait(timeout=240) == 0
+  finally:
+    support.kill_group(proc)
+  text = output.finish()
+  names = ["chief0", "worker0", "worker1"]
+  # The status tool: every replica by the name of its launcher's label.
+  # (Each "NAME STEP" or "NAME not started", as the read found it.)
+  assert [entry.split()[0] for entry in read[0].split(", ")] == names, read
+  for name in names:
+    assert "\n[%s] " % name in text, text[-4000:]
+  for name in names[1:]:
+    assert "[%s] %s done after " % (name, name) in text, text[-4000:]
+  rows, _ = timeline.merge(str(logdir / "timeline"))
+  assert sorted(rows) == names, rows
+  assert "key " not in read[0] and "worker key" not in text, text[-4000:]
 
 
 @pytest.mark.timeout(240)
@@ -175,7 +234,7 @@ def test_supervisor_flow_learns_with_tf1_flags(tmp_path):
       except subprocess.TimeoutExpired:
         pass
   assert _final_accuracy(outs["worker", 0]) > 0.8, outs["worker", 0][-4000:]
-  assert "worker 1 done" in outs["worker", 1]
+  assert "worker1 done" in outs["worker", 1]
   assert list(tmp_path.glob("model.ckpt-*.index"))
   assert (tmp_path / "sync_manifest.json").is_file()
 
@@ -205,7 +264,7 @@ def test_estimator_learns_with_the_hook_in_train(tmp_path):
                 "examples.digits_estimator", "--steps", "100", "--logdir",
                 str(tmp_path), env=support.with_keras(_env()))
   assert _final_accuracy(out) > 0.8, out[-4000:]
-  assert "[worker0] worker 0 done" in out
+  assert "[worker0] worker0 done" in out
   assert (tmp_path / "sync_manifest.json").is_file()
 
 

@@ -102,7 +102,7 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
   _finish(job, [0, 1])
   gone = _lines(job, "is gone")
   assert len(gone) == 1, job.log("worker", 0)[-4000:]
-  assert "worker key 2 (/job:worker/replica:0/task:2 at %s) is gone" % (
+  assert "worker2 at %s is gone" % (
       job.cluster["worker"][2]) in gone[0], gone
   assert "refuses connections" in gone[0], gone
   assert "updates now need 2 gradients (2 of 3 workers live)" in gone[0], gone
@@ -152,9 +152,9 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
   for task in range(3):
     job.procs[("worker", task)].wait(timeout=150)
   gone, back = _lines(job, "is gone"), _lines(job, "is back")
-  assert len(gone) == 1 and "worker key 2 (" in gone[0], gone
+  assert len(gone) == 1 and "worker2 at " in gone[0], gone
   assert "accepts connections but does not answer" in gone[0], gone
-  assert len(back) == 1 and "worker key 2 is back (it pushed again" in (
+  assert len(back) == 1 and "worker2 is back (it pushed again" in (
       back[0]), back
   assert "updates need 3 gradients again from the next update" in back[0]
   rows = _gradients_per_update(job, last_step)
@@ -183,9 +183,9 @@ def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   job.hold()
   job.start("worker", 2)
   job.wait_ready("worker", 2, count=2, timeout=90)
-  _wait_for_line(job, "worker key 2's hook started again",
+  _wait_for_line(job, "worker2's hook started again",
                  "seeing worker 2's start", timeout=30)
-  assert not _lines(job, "is back"), _lines(job, "worker key 2")
+  assert not _lines(job, "is back"), _lines(job, "worker2")
   job.release()
   _wait_for_line(job, "is back", "taking worker 2 back", timeout=60)
   back_at = int(job.read_when_up("global_step"))
@@ -193,22 +193,24 @@ def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   _finish(job, [0, 1, 2])
   back = _lines(job, "is back")
   assert len(back) == 1, back
-  assert "worker key 2 is back (it pushed again" in back[0], back
+  assert "worker2 is back (it pushed again" in back[0], back
   rows = _gradients_per_update(job, last_step)
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
 
 
 def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
   from sync_replicas.cli import _job_state  # pylint: disable=g-import-not-at-top
+  # A chief job's layout: key 0 is chief0, keys 1 and 2 worker0 and worker1.
   manifest = {"tokens_per_step": 3, "total_num_replicas": 3,
               "accumulators": [{"variable": "w", "device": "/job:ps/task:0",
-                                "sparse": False}]}
+                                "sparse": False}],
+              "local_step": {"device": "/job:chief/replica:0/task:0"}}
   state = {"global_step": 7, "tokens": 0, "counts": [1], "starts": 1,
            "needed": 1, "done": [0, 2], "gone": [2], "addresses": {}}
   lines = _job_state.render(state, manifest)
-  assert ("  data end: 1 of 3 workers done, their input ended (keys 0)"
+  assert ("  data end: 1 of 3 workers done, their input ended: chief0"
           in lines), lines
-  assert "  lost: 1 of 3 workers gone (worker_gone_secs; keys 2)" in lines
+  assert "  lost: 1 of 3 workers gone (worker_gone_secs): worker1" in lines
 
 
 @NEWEST_ONLY
@@ -243,19 +245,22 @@ def test_readme_program_ends_every_process_with_a_worker_gone(tmp_path):
 def test_stall_line_lists_the_gone_workers_apart_from_the_done_ones():
   from sync_replicas import _data_end  # pylint: disable=g-import-not-at-top
   from sync_replicas import _diagnose  # pylint: disable=g-import-not-at-top
+  from sync_replicas import _lost  # pylint: disable=g-import-not-at-top
   ends = _data_end.DataEnd(
       _data_end.TRAIN_ALL, replicas_to_aggregate=3, total_num_replicas=3,
       tokens_per_step=3, shared_prefix="")
+  ends.devices = _lost.key_devices("/job:worker/task:0", 3)
   needed, text = _data_end.stall_part([0, 2], ends, 3, gone=[2])
   # The status tool's two lines' words (the test above), joined.
   assert needed == 1
-  assert text == ("; 1 of 3 workers done, their input ended (keys 0); 1 of 3 "
-                  "workers gone (worker_gone_secs; keys 2)"), text
+  assert text == ("; 1 of 3 workers done, their input ended: worker0; 1 of 3 "
+                  "workers gone (worker_gone_secs): worker2"), text
   steps = _diagnose.replicas_clause(
-      [_diagnose.LocalStep("key 0", 7, None, done=True),
-       _diagnose.LocalStep("key 1", 6, None),
+      [_diagnose.LocalStep("/job:worker/replica:0/task:0", 7, None,
+                           done=True),
+       _diagnose.LocalStep("/job:worker/replica:0/task:1", 6, None),
        _diagnose.LocalStep("key 2", 5, None, done=_diagnose.GONE)],
       global_step=7, tokens=0, starts=None, generations=False, waiting=True)
   assert steps.startswith(
-      "workers' local steps: key 0 7 (done), key 1 6, key 2 5 (gone); "
-      "every push from key 1 is stale"), steps
+      "workers' local steps: worker0 7 (done), worker1 6, key 2 5 (gone); "
+      "every push from worker1 is stale"), steps

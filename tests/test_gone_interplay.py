@@ -347,7 +347,7 @@ def test_two_sync_optimizers_each_let_the_lost_worker_go(lost, caplog):
   names = (None, "disc")
   jobs, gone_at = _run(lost, caplog, last_step=40, names=names)
   lines = _gone_lines(caplog)
-  assert len(lines) == 2 and all("worker key 2 " in l for l in lines), lines
+  assert len(lines) == 2 and all("worker2 at " in l for l in lines), lines
   for name in names:
     step, counts, trace = _read(lost.cluster, jobs, name)
     _check_counts(counts, trace, replicas=W, step=step,
@@ -371,22 +371,22 @@ def test_data_end_a_gone_worker_is_not_done_and_the_live_ones_end_the_job(
   messages = [r.getMessage() for r in caplog.records]
   ended = {m.split(":")[1].strip(): m for m in messages
            if "its data ended" in m}
-  assert sorted(ended) == ["worker 0", "worker 1"], ended
+  assert sorted(ended) == ["worker0", "worker1"], ended
   # Train runs only: each worker also reads its local step in a run of its
   # own before every push.
-  assert "its data ended after 16 train steps;" in ended["worker 0"], ended
-  assert "its data ended after 24 train steps;" in ended["worker 1"], ended
+  assert "its data ended after 16 train steps;" in ended["worker0"], ended
+  assert "its data ended after 24 train steps;" in ended["worker1"], ended
   assert "1 of 3 workers done, 1 gone; the chief keeps running updates " \
       "(each needs 1 gradients) until the other 1 worker(s) are done" in (
-          ended["worker 0"]), ended
+          ended["worker0"]), ended
   assert "2 of 3 workers done, 1 gone; every live worker is done" in (
-      ended["worker 1"]), ended
+      ended["worker1"]), ended
   # The chief's line: a worker's own "its data ended" line also says "the
   # job ends", and may be logged after it.
   last = [m for m in messages
           if "every live worker is done at global step" in m][-1]
   assert ("every live worker is done at global step %d: the job ends; 1 of "
-          "3 workers gone, not done (keys 2): what was left of their input "
+          "3 workers gone, not done (worker2): what was left of their input "
           "was never trained" % step) in last, last
 
 
@@ -440,8 +440,8 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
     return [r.getMessage() for r in caplog.records
             if r.name.startswith("sync_replicas") and words in r.getMessage()]
 
-  started_line = "worker key 2's hook started again"
-  back_at_start = "worker key 2 is back (its hook started again)"
+  started_line = "worker2's hook started again"
+  back_at_start = "worker2 is back (its hook started again)"
   threads[0].start()
   support.wait_until(lambda: ready.is_set() or not threads[0].is_alive(),
                      timeout=60, what="the chief's session")
@@ -484,13 +484,13 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
 
       def done():
         step = _step_of(cluster, jobs)
-        if not back_at and lines("worker key 2 is back"):
+        if not back_at and lines("worker2 is back"):
           back_at.append(step)
         if step != moved[1]:
           moved[:] = [time.monotonic(), step]
         assert time.monotonic() - moved[0] < 10 * GONE_SECS, (
             "stalled at global step %d after worker 2's return:\n%s" % (
-                step, "\n".join(lines("worker key 2"))))
+                step, "\n".join(lines("worker2"))))
         return step >= last_step
       support.wait_until(done, timeout=JOB_SECS, what="the step limit",
                          interval=0.1)
@@ -503,10 +503,10 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
       raise
   for t in threads[:2] + [returned]:
     t.finish(timeout=JOB_SECS)
-  assert not lines(back_at_start), lines("worker key 2")
-  assert len(lines(started_line)) == 1, lines("worker key 2")
-  assert len(lines("worker key 2 is back (it pushed again")) == 1, lines(
-      "worker key 2")
+  assert not lines(back_at_start), lines("worker2")
+  assert len(lines(started_line)) == 1, lines("worker2")
+  assert len(lines("worker2 is back (it pushed again")) == 1, lines(
+      "worker2")
   step, counts, trace = _read(cluster, jobs)
   # Its first push (at X) was stale: the update to X + 1 took the two live
   # workers' gradients. Taken back at its push, every update from the next

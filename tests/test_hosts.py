@@ -348,7 +348,7 @@ def test_supervisor_trains_on_hosts():
                  "examples.digits_supervisor", "--steps", "100"], timeout=200)
   assert len(set(_addresses(_cluster(out)))) == 3, out[-3000:]
   assert _final_accuracy(out) > 0.8, out[-4000:]
-  assert "[worker0] worker 0 done after" in out, out[-4000:]
+  assert "[worker0] worker0 done after" in out, out[-4000:]
 
 
 @pytest.mark.timeout(420)
@@ -446,4 +446,4 @@ def test_estimator_trains_on_hosts(tmp_path):
                  str(tmp_path)], timeout=200, env=support.with_keras(_env()))
   assert len(set(_addresses(_cluster(out)))) == 3, out[-3000:]
   assert _final_accuracy(out) > 0.8, out[-4000:]
-  assert "[worker0] worker 0 done" in out, out[-4000:]
+  assert "[worker0] worker0 done" in out, out[-4000:]

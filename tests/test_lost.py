@@ -107,19 +107,18 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
           if "cannot push" in x and "w 1/3" in x][0]
   spec = lost_cluster.spec
   assert "the update lacks 2 gradient(s); 2 worker(s) cannot push" in line
-  assert ("worker key 1 (/job:worker/replica:0/task:1 at %s): its task "
-          % spec["worker"][1]) in line, line
-  assert "does not answer" in line.split("worker key 1")[1], line
-  assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s"
-          % (spec["worker"][2], _lost.REFUSED)) in line, line
-  assert "worker key 0" not in line  # The chief pushed; its task answers.
+  assert ("worker1 at %s: its task " % spec["worker"][1]) in line, line
+  assert "does not answer" in line.split("worker1 at")[1], line
+  assert ("worker2 at %s: %s" % (spec["worker"][2], _lost.REFUSED)) in line, (
+      line)
+  assert "worker0 at" not in line  # The chief pushed; its task answers.
   # The job's end names them too.
   assert stopped and "cannot push" in stopped[0], stopped
   # So does sync-replicas-status, from its own reads and probes.
   text = status[0].finish(timeout=60)
-  assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s"
-          % (spec["worker"][2], _lost.REFUSED)) in text, text
-  assert "worker key 1 (/job:worker/replica:0/task:1 at " in text, text
+  assert ("worker2 at %s: %s" % (spec["worker"][2], _lost.REFUSED)) in text, (
+      text)
+  assert "worker1 at " in text, text
 
 
 def _status_once(manifest_dir, ps):
@@ -159,6 +158,18 @@ def _record_addresses(target, addresses):
 def test_a_worker_knows_its_task_address(target, environ, want):
   assert _step_record.task_address(
       target, "/job:worker/task:1", environ=environ) == want
+
+
+def test_the_clause_names_each_worker_that_cannot_push_by_its_task():
+  # As the launcher labels its lines; "key N" only where no task is known.
+  text = _lost.clause([
+      (0, "/job:chief/replica:0/task:0", "10.0.0.1:2223", _lost.REFUSED),
+      (2, "/job:worker/replica:0/task:1", None, _lost.SILENT),
+      (7, None, None, "its address x cannot be reached")], missing=2)
+  assert text == (
+      "; the update lacks 2 gradient(s); 3 worker(s) cannot push: chief0 at "
+      "10.0.0.1:2223: %s; worker1: %s; key 7 (task unknown): its address x "
+      "cannot be reached" % (_lost.REFUSED, _lost.SILENT)), text
 
 
 def test_probe_tells_refused_from_silent():
@@ -310,8 +321,8 @@ def test_op_timeout_names_the_lost_worker_where_stock_says_only_timed_out(
     assert ours["event"] == "error", (ours, jobs["ours"].log(0)[-3000:])
     assert ours["type"] == "SyncTimeoutError" and ours["deadline"], ours
     assert ours["message"].startswith("Operation timed out: no update for ")
-    assert ("worker key 2 (/job:worker/replica:0/task:2 at %s): %s" % (
-        address, _lost.REFUSED)) in ours["message"], ours["message"]
+    assert ("worker2 at %s: %s" % (address, _lost.REFUSED)) in (
+        ours["message"]), ours["message"]
     assert "worker_gone_secs" in ours["message"], ours["message"]
     lead = _lost.timeout_lead(TIMEOUT_MS / 1000)
     print("stock's chief: %s: %s" % (stock["type"], stock["message"][:300]))
@@ -347,8 +358,8 @@ def test_chief_lost_for_good_ends_every_worker_with_an_error_naming_it(
       # Stock's error type, at stock's time (the run's own timeout), with
       # the chief named: its task, its address and why.
       assert end["type"] == "SyncTimeoutError" and end["deadline"], end
-      assert ("the chief, worker key 0 (/job:worker/replica:0/task:0 at "
-              "%s), cannot: %s" % (address, _lost.REFUSED)) in (
+      assert ("the chief, worker0 at %s, cannot: %s" % (
+          address, _lost.REFUSED)) in (
                   end["message"]), end["message"]
       took = end["t"] - killed
       assert took < TIMEOUT_MS / 1000 + 30, took

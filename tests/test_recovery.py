@@ -407,7 +407,7 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   _finish_showing_the_chief(job, timeout=240, lines=30)
   chief_log = job.log("worker", 0)
   assert "Restoring parameters from" in chief_log
-  assert "the chief saw done (its ps task restarted?): put back keys 1" in (
+  assert "the chief saw done (its ps task restarted?): put back worker1" in (
       chief_log), chief_log[-4000:]
   assert [_trained(job, t) for t in range(3)] == shards
 
@@ -432,7 +432,7 @@ def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
   _start(job)
   job.wait_step(5)
   job.kill("worker", 1)  # Its port stays bound, not listening: refused.
-  support.wait_until(lambda: "worker key 1 (" in job.log("worker", 0) and (
+  support.wait_until(lambda: "worker1 at " in job.log("worker", 0) and (
       "is gone (worker_gone_secs=3" in job.log("worker", 0)), timeout=120,
                      what="the chief's line declaring worker 1 gone",
                      interval=0.2)
@@ -445,7 +445,7 @@ def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
   _finish_showing_the_chief(job, timeout=240, lines=30, lost=(1,))
   chief_log = job.log("worker", 0)
   assert "Restoring parameters from" in chief_log
-  assert "the chief saw done (its ps task restarted?): put back keys 1" in (
+  assert "the chief saw done (its ps task restarted?): put back worker1" in (
       chief_log), chief_log[-4000:]
   # The last of the two to end says the job ends, and counts worker 1 gone.
   ends = job.log("worker", 0) + job.log("worker", 2)

@@ -195,7 +195,7 @@ def test_readme_under_srun_and_every_example_sbatch_share_the_node(
                      r"(\d+)", digits, re.M)
   assert len(found) == 1 and float(found[0][0]) > 0.8, digits[-4000:]
   # The ps, which serves until stopped, was stopped: the step ended.
-  assert "[ps0] ps 0 serving" in digits, digits[-4000:]
+  assert "[ps0] ps0 serving" in digits, digits[-4000:]
 
 
 # ------------------------------------------------ a data-end job, sbatch

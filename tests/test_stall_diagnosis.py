@@ -138,8 +138,7 @@ def test_stall_line_reads_every_replica_task(caplog):
     sess.run(chief.train_op)  # Pushes at step 0; worker 1 never starts.
     line = _wait_for_stall_line(caplog, "local steps")
   assert "update to step 1 waits for gradients: w 1/2" in line
-  assert "/job:worker/replica:0/task:0 0" in line
-  assert "/job:worker/replica:0/task:1 not started" in line
+  assert "local steps: worker0 0, worker1 not started" in line
   assert "stale" not in line
 
 
@@ -197,6 +196,18 @@ def test_verdict_marks_the_workers_done_and_never_calls_them_stale():
                    _diagnose.LocalStep("key 2", None, "no step yet")])
   assert text.endswith("workers' local steps: key 0 7, key 1 5 (done), "
                        "key 2 no step yet"), text
+  # From a job's task devices (every replica's record in a placed job),
+  # each worker as every line names it: its job and index run together.
+  text = _diagnose.verdict(
+      names=["v"], counts=[0], tokens=0, replicas_to_aggregate=1,
+      global_step=7, starts=1, generations=True,
+      local_steps=[_diagnose.LocalStep("/job:chief/replica:0/task:0", 7, None),
+                   _diagnose.LocalStep("/job:worker/replica:0/task:0", 5,
+                                       None, done=True),
+                   _diagnose.LocalStep("/job:worker/task:1", None,
+                                       "no step yet")])
+  assert text.endswith("workers' local steps: chief0 7, worker0 5 (done), "
+                       "worker1 no step yet"), text
 
 
 def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
@@ -228,8 +239,8 @@ def test_status_tool_says_which_replicas_pushes_are_stale(tmp_path):
                                  out=out) == 0 and "is stale" in out.getvalue(),
         timeout=20, what="sync-replicas-status to report the stale pushes")
     text = out.getvalue()
-    assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0; "
-            "every push from /job:worker/replica:0/task:0 is stale (local step "
+    assert ("replicas: workers' local steps: worker0 0; "
+            "every push from worker0 is stale (local step "
             "behind global step 3) and dropped: no worker can push a fresh "
             "gradient and no token is queued, so no update can happen") in text
     with pytest.raises(tf.errors.OpError):

@@ -9,7 +9,11 @@ import io
 import json
 import os
 import pathlib
+import subprocess
+import sys
+import time
 
+import pytest
 import tensorflow as tf
 
 import sync_replicas
@@ -49,8 +53,8 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert ("next: update to step 1 waits for gradients: w 1/2; 1 token(s) "
           "queued\n") in text, text
   # Both replicas hold local step 0 (the global step): nothing is stale.
-  assert ("replicas: workers' local steps: /job:worker/replica:0/task:0 0, "
-          "/job:worker/replica:0/task:1 0\n") in text, text
+  assert ("replicas: workers' local steps: worker0 0, worker1 0\n") in text, (
+      text)
   assert state() == [0, 1, [1]], "the status tool changed the sync state"
 
   # The second gradient completes the update; the tool sees it too.
@@ -63,6 +67,78 @@ def test_status_reports_known_state_and_changes_nothing(half_way):
   assert text.count("global_step: 1") == 2
   assert " 0/2 " in text and "tokens queued: 2" in text
   assert state() == [1, 2, [0]]
+
+
+#: Seconds the command may take from its last line to its exit: closing its
+#: session to the ps, then nothing (Python's exit, TensorFlow's teardown,
+#: took 9-96 s more at load 30-47; without it 0.2-8.5 s, the close starved
+#: of CPU). The atexit probe is what tells the two apart on any machine.
+EXIT_SECS = 20.0
+
+_ATEXIT_PROBE = """import atexit, os
+atexit.register(lambda: open(os.environ["STATUS_EXIT_PROBE"], "w").close())
+"""
+
+
+#: The job's bound on a run, the chief's take of the update that waits
+#: while the command runs included: the command's TensorFlow import alone
+#: outlasted half_way's 30 s on a loaded machine (load 40-50).
+JOB_TIMEOUT_MS = 240_000
+
+
+@pytest.mark.timeout(300)
+def test_the_command_exits_once_it_has_answered(tmp_path):
+  """The command's process (status.console, the console script's entry
+  point; ``python -m`` runs the same) ends once its lines are out, without
+  Python's exit: an atexit hook that a sitecustomize puts in never runs,
+  and the process is gone within EXIT_SECS of its last line. Against a job
+  as half_way's (the chief pushed once), whose runs wait longer."""
+  cluster = sync_replicas.LocalCluster(num_workers=2, num_ps=1)
+  chief, other = [support.LinearWorker(
+      support.OURS, cluster, t, replicas=2, total=2,
+      opt_kwargs={"data_end": "stock"}) for t in range(2)]
+  path = chief.opt.write_sync_manifest(str(tmp_path / "job"))
+  ps = cluster.cluster_spec.job_tasks("ps")[0]
+  sessions = [chief.session(timeout_ms=JOB_TIMEOUT_MS)]
+  try:
+    sessions.append(other.session(timeout_ms=JOB_TIMEOUT_MS))
+    sessions[0].run(chief.train_op)
+    _exits_once_it_has_answered(tmp_path, path, ps)
+  finally:
+    for session in reversed(sessions):
+      session.close()
+
+
+def _exits_once_it_has_answered(tmp_path, path, ps):
+  probe_dir = tmp_path / "probe"
+  probe_dir.mkdir()
+  (probe_dir / "sitecustomize.py").write_text(_ATEXIT_PROBE)
+  ran = tmp_path / "python-exit-ran"
+  env = dict(os.environ, PYTHONUNBUFFERED="1", STATUS_EXIT_PROBE=str(ran),
+             PYTHONPATH=support.pythonpath(probe_dir))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "sync_replicas.cli.status", "--manifest", path,
+       "--ps", ps], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env=env, start_new_session=True)
+  lines, last = [], None
+  try:
+    for line in proc.stdout:  # Until the process closes it: at its end.
+      lines.append(line)
+      last = time.monotonic()
+    code = proc.wait(timeout=60)
+    ended = time.monotonic()
+    err = proc.stderr.read()
+  finally:
+    support.kill_group(proc)
+  text = "".join(lines)
+  assert code == 0, (text, err)
+  assert "global_step: 0" in text and "replicas: " in text, (text, err)
+  assert not ran.exists(), "the command ran Python's exit (atexit, teardown)"
+  assert ended - last < EXIT_SECS, ended - last
+  # The probe works: a plain Python's exit runs it.
+  subprocess.run([sys.executable, "-c", "pass"], env=env, check=True,
+                 timeout=60)
+  assert ran.exists()
 
 
 def test_status_finds_the_ps_in_tf_config(half_way, monkeypatch):

@@ -716,6 +716,54 @@ def test_a_relative_venv_is_put_on_path_absolute(tmp_path):
   assert os.path.normpath(found) == str(venv / "bin" / "python"), found
 
 
+#: A stand-in venv's python for tools/_env.sh: pip installs nothing but
+#: notes each call; the TensorFlow version query answers 2.21.
+_FAKE_PYTHON = """#!/bin/bash
+case "$1 $2" in
+  "-m pip") echo "$*" >> "$(dirname "$0")/../pip-calls"; exit 0 ;;
+  "-c "*) echo 2.21; exit 0 ;;
+esac
+exit 1
+"""
+
+
+def test_the_demo_and_the_tests_share_one_venv_state(tmp_path):
+  # Issue 46: the first ./tools/check after ./tools/demo reinstalled the
+  # venv (the demo had installed another set of extras). A copy of the
+  # tools with a stand-in venv and a stand-in demo run: the demo installs
+  # once; what tools/check and tools/test source then installs nothing.
+  root = tmp_path / "clone"
+  (root / "tools").mkdir(parents=True)
+  for name in ("_env.sh", "demo"):
+    shutil.copy2(support.TOOLS / name, root / "tools" / name)
+  shutil.copy2(support.TOOLS.parent / "setup.cfg", root / "setup.cfg")
+  (root / "tools" / "_demo").write_text("#!/bin/bash\necho demo ran\n")
+  (root / "tools" / "_demo").chmod(0o755)
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  (venv / "bin" / "python").write_text(_FAKE_PYTHON)
+  (venv / "bin" / "python").chmod(0o755)
+  env = dict(os.environ, SYNC_REPLICAS_VENV=str(venv))
+  env.pop("SYNC_REPLICAS_TF", None)
+  demo = subprocess.run([str(root / "tools" / "demo")], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=60,
+                        check=False)
+  assert demo.returncode == 0 and "demo ran" in demo.stdout, demo
+  assert "tools: installing" in demo.stderr, demo.stderr
+  installs = (venv / "pip-calls").read_text().splitlines()
+  assert any("-e %s[test,examples]" % root in c for c in installs), installs
+  # setuptools' editable-install notice and the rest of pip's output go to
+  # the log, not to the terminal.
+  assert "pip-calls" not in demo.stderr
+  assert (venv / ".sync_replicas-install.log").exists()
+  tools = subprocess.run(["bash", "-c", "source tools/_env.sh"], cwd=root,
+                         env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+  assert tools.returncode == 0, tools.stderr
+  assert "installing" not in tools.stderr, tools.stderr
+  assert (venv / "pip-calls").read_text().splitlines() == installs
+
+
 @pytest.mark.parametrize("error", [
     tf.errors.CancelledError(None, None, "Step was cancelled by an explicit "
                              "call to `Session::Close()`."),

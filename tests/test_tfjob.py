@@ -233,7 +233,7 @@ def test_the_manifests_pods_train_on_emulated_hosts_with_the_operators_tf_config
   addresses = re.findall(r"\[launch\] \w+-\d \S+ at (\S+):", text)
   assert len(set(addresses)) == 5, addresses
   # The ps read its address from TF_CONFIG: the service's name.
-  assert ("[ps0] ps 0 serving at sync-replicas-digits-ps-0.default.svc:2222"
+  assert ("[ps0] ps0 serving at sync-replicas-digits-ps-0.default.svc:2222"
           in text), text[-4000:]
   for task in ("chief0", "worker0", "worker1", "worker2"):
     assert "[launch] %s exited 0\n" % task in text, text[-4000:]

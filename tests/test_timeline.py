@@ -42,12 +42,12 @@ def _write(directory, name, records):
 
 
 def _scripted(directory, *, skew=0.0):
-  """Two workers, 3 updates; worker-1 is 0.5 s slower to compute every
+  """Two workers, 3 updates; worker1 is 0.5 s slower to compute every
   step, and its clock runs ``skew`` seconds behind the chief's."""
   updates, w0, w1 = [], [], []
   t = 100.0
   for step in range(1, 4):
-    # worker-0 pushes at t + 0.1, worker-1 at t + 0.6; the chief's takes
+    # worker0 pushes at t + 0.1, worker1 at t + 0.6; the chief's takes
     # return at t + 0.61 and the tokens arrive at t + 0.7.
     w0.append(dict(kind="step", began=t, grads=t + 0.05, pushed=t + 0.1,
                    token=t + 0.7, step=step - 1, got=step))
@@ -57,42 +57,56 @@ def _scripted(directory, *, skew=0.0):
     updates.append(dict(kind="update", began=t, taken=t + 0.61,
                         applied=t + 0.65, released=t + 0.66, step=step))
     t += 1.0
-  # A late push of worker-1 at local step 0, after update 1: stale.
+  # A late push of worker1 at local step 0, after update 1: stale.
   w1.append(dict(kind="step", began=t - skew, grads=t + 0.01 - skew,
                  pushed=t + 0.02 - skew, token=t + 0.1 - skew, step=0,
                  got=3))
-  _write(directory, "worker-0.chief.jsonl", updates)
-  _write(directory, "worker-0.worker.jsonl", w0)
-  _write(directory, "worker-1.worker.jsonl", w1)
+  _write(directory, "worker0.chief.jsonl", updates)
+  _write(directory, "worker0.worker.jsonl", w0)
+  _write(directory, "worker1.worker.jsonl", w1)
 
 
 def test_merge_names_the_worker_updates_waited_for(tmp_path):
   _scripted(tmp_path)
   rows, _ = timeline.merge(str(tmp_path), out=str(tmp_path / "t.json"))
-  assert rows["worker-1"]["waited_for_last"] == 3
-  assert rows["worker-0"]["waited_for_last"] == 0
-  assert timeline.straggler(rows) == "worker-1"
-  assert rows["worker-1"]["stale_pushes"] == 1
-  assert rows["worker-0"]["stale_pushes"] == 0
+  assert rows["worker1"]["waited_for_last"] == 3
+  assert rows["worker0"]["waited_for_last"] == 0
+  assert timeline.straggler(rows) == "worker1"
+  assert rows["worker1"]["stale_pushes"] == 1
+  assert rows["worker0"]["stale_pushes"] == 0
   trace = json.loads((tmp_path / "t.json").read_text())
   assert trace["otherData"]["clock_offsets_secs"] == {}
   names = {e["args"]["name"] for e in trace["traceEvents"]
            if e["ph"] == "M" and e["name"] == "process_name"}
-  assert names == {"worker-0 (chief)", "worker-1"}
+  assert names == {"worker0 (chief)", "worker1"}
   updates = [e for e in trace["traceEvents"]
              if e["name"].startswith("update to step")]
   assert [e["args"]["global_step"] for e in updates] == [1, 2, 3]
-  assert {e["args"]["waited_for"] for e in updates} == {"worker-1"}
+  assert {e["args"]["waited_for"] for e in updates} == {"worker1"}
+
+
+def test_files_of_earlier_releases_name_their_tasks_as_every_line_does(
+    tmp_path):
+  """Files written as worker-1.worker.jsonl (before one numbering) read as
+  worker1, the name the launcher's labels and the package's lines use."""
+  _scripted(tmp_path)
+  for path in tmp_path.glob("*.jsonl"):
+    path.rename(path.with_name(path.name.replace("worker", "worker-", 1)))
+  assert sorted(p.name for p in tmp_path.glob("*.jsonl")) == [
+      "worker-0.chief.jsonl", "worker-0.worker.jsonl", "worker-1.worker.jsonl"]
+  rows, _ = timeline.merge(str(tmp_path), out=str(tmp_path / "t.json"))
+  assert sorted(rows) == ["worker0", "worker1"], rows
+  assert timeline.straggler(rows) == "worker1"
 
 
 def test_a_clock_proven_behind_is_moved_forward_by_the_proof(tmp_path):
-  """worker-1's clock runs 5 s behind: its tokens arrive, on its clock,
+  """worker1's clock runs 5 s behind: its tokens arrive, on its clock,
   4.29 s before the chief began the runs that released them (they arrive
   0.71 s after). It moves forward by that much, and no more."""
   _scripted(tmp_path, skew=5.0)
   updates, steps, _ = timeline.read(str(tmp_path))
   offsets = timeline.clock_offsets(updates, steps)
-  assert dict(offsets) == {"worker-1": pytest.approx(5.0 - 0.71)}
+  assert dict(offsets) == {"worker1": pytest.approx(5.0 - 0.71)}
   _, shifted, _ = timeline.aligned(updates, steps)
   began = {u.step: u.began for u in updates}
   assert all(s.token >= began[s.got] - 1e-9 for s in shifted if s.got in began)
@@ -107,7 +121,7 @@ def test_merge_command_prints_the_verdict_and_draws(tmp_path):
        "--png", str(png), "--last", "2"], capture_output=True, text=True,
       timeout=120, env=dict(os.environ, PYTHONPATH=support.pythonpath(ROOT)))
   assert done.returncode == 0, done.stderr
-  assert "waited for last most often: worker-1" in done.stdout
+  assert "waited for last most often: worker1" in done.stdout
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert (tmp_path / "trace.json").exists()
 
@@ -118,8 +132,8 @@ def test_merge_takes_the_latest_run_unless_told_all(tmp_path):
   first, second = tmp_path / "first", tmp_path / "second"
   _scripted(first)
   _scripted(second)
-  for name in ("worker-0.chief.jsonl", "worker-0.worker.jsonl",
-               "worker-1.worker.jsonl"):
+  for name in ("worker0.chief.jsonl", "worker0.worker.jsonl",
+               "worker1.worker.jsonl"):
     later = [json.loads(line) for line in
              (second / name).read_text().splitlines()]
     for r in later:
@@ -130,11 +144,11 @@ def test_merge_takes_the_latest_run_unless_told_all(tmp_path):
     start = [dict(kind="start", began=99.0, pid=1)]
     # The second run's chief began at 150: said in its train steps' file
     # only (a resume past its last step applies no update: issue 38).
-    again = [dict(kind="start", began=150.0 if name.startswith("worker-0.w")
+    again = [dict(kind="start", began=150.0 if name.startswith("worker0.w")
                   else 151.0, pid=2)]
     records = [json.loads(line) for line in
                (first / name).read_text().splitlines()]
-    if name == "worker-0.chief.jsonl":
+    if name == "worker0.chief.jsonl":
       again = []  # Nothing of the second run in the sync loop's file.
     _write(tmp_path / "both", name, start + records + again + later)
   assert timeline.last_start(str(tmp_path / "both")) == 150.0
@@ -142,7 +156,7 @@ def test_merge_takes_the_latest_run_unless_told_all(tmp_path):
   alone, _ = timeline.merge(str(second))
   assert latest == alone and left_out == 3 + 3 + 4
   both, left_out = timeline.merge(str(tmp_path / "both"), all_runs=True)
-  assert left_out == 0 and both["worker-1"]["steps"] == 8
+  assert left_out == 0 and both["worker1"]["steps"] == 8
   done = subprocess.run(
       [sys.executable, "-m", "sync_replicas.timeline",
        str(tmp_path / "both")], capture_output=True, text=True, timeout=120,
@@ -296,13 +310,13 @@ def test_only_runs_of_the_train_op_are_recorded(tmp_path):
       settle(2)
   _timeline_writer.close_all()
   start, *worker = [json.loads(line) for line in
-                    (tmp_path / "worker-0.worker.jsonl").read_text().splitlines()]
+                    (tmp_path / "worker0.worker.jsonl").read_text().splitlines()]
   assert start["kind"] == "start" and start["began"] <= worker[0]["began"]
   assert [(r["step"], r["got"]) for r in worker] == [(0, 0), (0, 1), (1, 2)]
   for r in worker:
     assert r["began"] <= r["grads"] <= r["pushed"] <= r["token"], r
   start, *chief = [json.loads(line) for line in
-                   (tmp_path / "worker-0.chief.jsonl").read_text().splitlines()]
+                   (tmp_path / "worker0.chief.jsonl").read_text().splitlines()]
   assert start["kind"] == "start"
   assert [r["step"] for r in chief] == [1, 2]
   for r in chief:
@@ -387,15 +401,15 @@ def test_the_trace_of_a_cluster_names_its_slow_worker(tmp_path):
   # fast worker descheduled for more than 0.25 s on a loaded machine is
   # then the last for that update.
   steady = {s: task for s, task in last.items() if s >= 4}
-  slow = [s for s, task in steady.items() if task == "worker-2"]
+  slow = [s for s, task in steady.items() if task == "worker2"]
   assert len(slow) * 3 >= len(steady) * 2, (last, rows)
-  assert all(e["args"]["waited_for"] == "worker-2" for e in events
+  assert all(e["args"]["waited_for"] == "worker2" for e in events
              if e["name"].startswith("update to step")
              and e["args"]["global_step"] in slow)
-  assert timeline.straggler(rows) == "worker-2"
-  fast_wait = min(rows["worker-0"]["median_token_wait_ms"],
-                  rows["worker-1"]["median_token_wait_ms"])
-  assert fast_wait > 4 * rows["worker-2"]["median_token_wait_ms"], rows
+  assert timeline.straggler(rows) == "worker2"
+  fast_wait = min(rows["worker0"]["median_token_wait_ms"],
+                  rows["worker1"]["median_token_wait_ms"])
+  assert fast_wait > 4 * rows["worker2"]["median_token_wait_ms"], rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -407,15 +421,15 @@ def _rows(**waited_and_stale):
 @pytest.mark.parametrize("rows, says, not_says", [
     # Issue 46: a healthy run's title named the chief as the one waited for,
     # and nothing said that this is no fault.
-    (_rows(**{"chief-0": (55, 9), "worker-0": (20, 11), "worker-1": (25, 5)}),
-     "each update's last needed push came from chief-0 in 55, worker-1 in "
-     "25, worker-0 in 20 of 100", "straggler"),
-    (_rows(**{"chief-0": (5, 0), "worker-0": (90, 0), "worker-1": (5, 0)}),
-     "worker-0 is the straggler the others wait for", "dropped"),
+    (_rows(**{"chief0": (55, 9), "worker0": (20, 11), "worker1": (25, 5)}),
+     "each update's last needed push came from chief0 in 55, worker1 in "
+     "25, worker0 in 20 of 100", "straggler"),
+    (_rows(**{"chief0": (5, 0), "worker0": (90, 0), "worker1": (5, 0)}),
+     "worker0 is the straggler the others wait for", "dropped"),
     # With a backup: the fast replicas complete the updates, the slow one's
     # pushes are dropped, and no straggler is named.
-    (_rows(**{"chief-0": (80, 0), "worker-0": (0, 100), "worker-1": (20, 0)}),
-     "\ntoo late and dropped, which backups allow: most pushes of worker-0 "
+    (_rows(**{"chief0": (80, 0), "worker0": (0, 100), "worker1": (20, 0)}),
+     "\ntoo late and dropped, which backups allow: most pushes of worker0 "
      "(100 of 100)", "straggler"),
 ], ids=["healthy", "straggler", "backup"])
 def test_the_pictures_title_says_what_the_waits_mean(rows, says, not_says):

@@ -49,6 +49,9 @@ SCRIPTS = {"sync-replicas-launch": "sync_replicas/cli/launch.py",
            "sync-replicas-status": "sync_replicas/cli/status.py",
            "sync-replicas-run": "sync_replicas/patch/__main__.py",
            "sync-replicas-timeline": "sync_replicas/timeline.py"}
+#: Their entry points, ``main`` unless named here: the status command ends
+#: its process once it has answered (``status.console``).
+ENTRY_POINTS = {"sync-replicas-status": "console"}
 #: What the wheel must hold, beside every module of the package.
 CLI_MODULES = ["sync_replicas/cli/__init__.py", "sync_replicas/cli/_cli.py",
                "sync_replicas/cli/_confine.py",
@@ -163,7 +166,8 @@ def test_wheel_holds_the_package_and_its_tools_and_nothing_else(venv):
       next(n for n in dist_info if n.endswith("/entry_points.txt"))).decode()
   for script, module in SCRIPTS.items():
     dotted = module[:-len(".py")].replace("/", ".")
-    assert "%s = %s:main" % (script, dotted) in entry_points, entry_points
+    assert "%s = %s:%s" % (script, dotted, ENTRY_POINTS.get(
+        script, "main")) in entry_points, entry_points
   # No warning of ours while building (setuptools once deprecated our licence
   # classifier in every build and install).
   assert not re.search(r"(?i)deprecat|license classifier", venv.build_output), (

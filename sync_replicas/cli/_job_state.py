@@ -104,9 +104,14 @@ def render(state, manifest, *, stalled_secs=None, stall_secs=None,
   if state.get("done") is not None:
     # The chief's stall line's words, each on a line of its own; no
     # "lost:" line without a gone worker (the shorter list wins).
+    # Named by task (chief0, worker1), as the chief's lines name them.
+    devices = dict(enumerate(_diagnose.manifest_devices(
+        (manifest.get("local_step") or {}).get("device"),
+        manifest["total_num_replicas"])))
     for label, clause in zip(["data end", "lost"], _data_end.out_clauses(
         state["done"], state.get("gone"),
-        total_num_replicas=manifest["total_num_replicas"]), strict=False):
+        total_num_replicas=manifest["total_num_replicas"],
+        devices=devices), strict=False):
       lines.append("  %s: %s" % (label, clause))
   if replicas_line:
     lines.append("  replicas: " + replicas_line)
