@@ -125,19 +125,31 @@ USAGE_ERRORS = [
 #: is there to catch a hang while the sys.modules check is the real one.
 USAGE_ERROR_SECS = 5.0
 
-# The child reports whether TensorFlow was imported once the tool returned.
+# The child reports whether TensorFlow was imported once the tool returned,
+# or as it ends its process on the spot (sync-replicas-status's console()
+# does, after flushing, to skip TensorFlow's teardown).
 _CHILD = """
-import runpy, sys
+import os, runpy, sys
 sys.argv = sys.argv[1:]
 module = sys.argv.pop(1)
+
+def report():
+  sys.stdout.write("tensorflow imported: %s\\n" % ("tensorflow" in sys.modules))
+  sys.stdout.write("keras imported: %s\\n" % bool(sys.modules.get("keras")))
+  sys.stdout.flush()
+
+exit_now = os._exit
+def _exit(code):
+  report()
+  exit_now(code)
+os._exit = _exit
 try:
   runpy.run_module(module, run_name="__main__", alter_sys=True)
 except SystemExit as e:
   code = e.code
 else:
   code = 0
-sys.stdout.write("tensorflow imported: %s\\n" % ("tensorflow" in sys.modules))
-sys.stdout.write("keras imported: %s\\n" % bool(sys.modules.get("keras")))
+report()
 sys.exit(code)
 """
 

@@ -192,10 +192,10 @@ def test_the_data_end_line_counts_train_steps_not_the_scripts_reads(
   lines = [r.getMessage() for r in caplog.records
            if "its data ended" in r.getMessage()]
   by_worker = {line.split(":")[1].strip(): line for line in lines}
-  assert sorted(by_worker) == ["worker 0", "worker 1", "worker 2"], lines
+  assert sorted(by_worker) == ["worker0", "worker1", "worker2"], lines
   for task, batches in enumerate((6, 2, 6)):
     assert "its data ended after %d train steps;" % batches in (
-        by_worker["worker %d" % task]), by_worker
+        by_worker["worker%d" % task]), by_worker
 
 
 def test_a_step_limit_ends_the_job_as_before(caplog):

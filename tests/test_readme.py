@@ -38,9 +38,8 @@ STEPS = 20
 RUN_SECS = 150
 #: Seconds for one task's server to come up (its TensorFlow import).
 START_SECS = 60
-# "chief0 done", as every line names a task; "chief 0 done" too, as
-# README's program printed it before.
-_DONE = re.compile(r"^(chief|worker) ?(\d) done: global step (\d+),", re.M)
+# "chief0 done": README's program names its task as every line does.
+_DONE = re.compile(r"^(chief|worker)(\d) done: global step (\d+),", re.M)
 
 #: Each entry starts once the one before it has its server up; an entry
 #: ``(task, [others])`` starts only once ``others`` have exited.
@@ -203,7 +202,7 @@ def test_quick_start_runs_under_the_launcher(tmp_path):
   # TF_CONFIG and the launcher's label do, the chief as chief 0.
   for label, job, index in (("chief0", "chief", 0), ("worker0", "worker", 0),
                             ("worker1", "worker", 1)):
-    done = re.findall(r"^\[%s\] (chief|worker) ?(\d) done: global step (\d+),"
+    done = re.findall(r"^\[%s\] (chief|worker)(\d) done: global step (\d+),"
                       % label,
                       out, re.M)
     assert [d[:2] for d in done] == [(job, str(index))], (label, out[-6000:])

@@ -182,7 +182,7 @@ def test_readme_under_srun_and_every_example_sbatch_share_the_node(
   _assert_ok(code, out, "README's program under srun")
   # README's program names itself as its TF_CONFIG does, as the labels do.
   for job, index in (("chief", 0), ("worker", 0), ("worker", 1)):
-    done = re.findall(r"^\[%s%d\] %s %d done: global step (\d+),"
+    done = re.findall(r"^\[%s%d\] %s%d done: global step (\d+),"
                       % (job, index, job, index), out, re.M)
     assert len(done) == 1, out[-6000:]
     assert 200 <= int(done[0]) <= 201, out[-6000:]

@@ -222,19 +222,42 @@ def test_a_failed_or_vanished_task_stops_every_other_one():
     service.close()
 
 
+def _squat_first_candidate(prefix):
+  """``(key, listening socket)``: a step key whose first candidate port the
+  socket holds and whose second was free a moment ago. The suite's other
+  processes run beside this one, and their servers may hold any fixed
+  port (a whole-suite run drew t4.0's first candidate): the key is drawn
+  until its ports are ours to use."""
+  for attempt in range(40):
+    key = "%s.%d" % (prefix, attempt)
+    first, second = _rendezvous.candidate_ports(key)[:2]
+    squatter = socket.socket()
+    # As the service binds: a port an earlier test's connections left in
+    # TIME_WAIT (CI drew one) binds all the same.
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      squatter.bind(("", first))
+      probe.bind(("", second))
+    except OSError:
+      squatter.close()
+      continue
+    finally:
+      probe.close()
+    squatter.listen(4)
+    return key, squatter
+  raise AssertionError("40 step keys %s.N had a candidate port held by "
+                       "another process" % prefix)
+
+
 def test_two_steps_on_one_node_meet_only_their_own_tasks(monkeypatch):
   # Another program (or another step's service) holds the step's first
   # candidate port: the service takes the next, and clients pass over the
   # one that does not welcome them (after a shorter wait than a real
   # step's, to keep the quick tier quick).
   monkeypatch.setattr(_rendezvous, "HELLO_SECS", 0.5)
-  key = "t4.0"
-  squatter = socket.socket()
-  # As the service binds: a port an earlier test's connections left in
-  # TIME_WAIT (CI drew one) binds all the same.
-  squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  squatter.bind(("", _rendezvous.candidate_ports(key)[0]))
-  squatter.listen(4)
+  key, squatter = _squat_first_candidate("t4")
   try:
     service, clients = _meet(key, 2)
     assert service.port == _rendezvous.candidate_ports(key)[1]
