@@ -84,8 +84,15 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert re.search(r"\[chief0\] step +\d+  loss \d\.\d+  test accuracy "
                    r"\d\.\d+  \d+\.\d steps/s", out), out[-4000:]
   # One numbering: each task names itself as its label and TF_CONFIG do.
-  for name in ("worker0", "worker1"):
-    assert "[%s] %s done after " % (name, name) in out, out[-4000:]
+  # worker1 (slowed) is one of three replicas of which updates need two, so
+  # nobody waits for it: in CI (2.15) its TensorFlow import outlasted the
+  # chief's 100 steps (4.8 s), and it rightly said there was nothing left
+  # to train, then exited 0. Either way it names itself.
+  late = ("[worker1] worker1: nothing to train, the global step is 100 and "
+          "--steps 100" in out)
+  assert "[worker0] worker0 done after " in out, out[-4000:]
+  assert late or "[worker1] worker1 done after " in out, out[-4000:]
+  assert "[launch] worker1 exited 0" in out, out[-4000:]
   assert (tmp_path / "checkpoint").is_file()
   assert (tmp_path / "sync_manifest.json").is_file()  # For tools/status.
   assert list(tmp_path.glob("model.ckpt-*.index"))
@@ -106,9 +113,12 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   rows, _ = timeline.merge(str(tmp_path / "timeline"),
                         out=str(tmp_path / "trace.json"),
                         png=str(tmp_path / "last.png"))
-  assert set(rows) == {"chief0", "worker0", "worker1"}, rows
-  assert rows["worker1"]["steps"] >= 1, rows
-  if rows["worker1"]["steps"] >= 2:
+  # A replica that found nothing to train writes no timeline.
+  assert set(rows) == {"chief0", "worker0"} | (set() if late else {
+      "worker1"}), rows
+  if not late:
+    assert rows["worker1"]["steps"] >= 1, rows
+  if not late and rows["worker1"]["steps"] >= 2:
     assert rows["worker1"]["median_between_runs_ms"] >= 30.0, rows
   assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
   # The same command again (issue 38: it resumed silently, and its timeline
