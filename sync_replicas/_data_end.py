@@ -634,9 +634,7 @@ class AnnouncesDataEnd:
     Raises:
       NotBuiltError: Before ``apply_gradients``.
     """
-    opt: typing.Any = self
-    _ = opt.global_step  # NotBuiltError before the build.
-    ends = opt._data_end  # pylint: disable=protected-access
+    ends = self._built_data_end()
     if ends.enabled:
       ends.local_steps.record_address(sess)
 
@@ -654,9 +652,7 @@ class AnnouncesDataEnd:
       NotBuiltError: Before ``apply_gradients``.
       tf.errors.OpError: The record on the ps cannot be read.
     """
-    opt: typing.Any = self
-    _ = opt.global_step  # NotBuiltError before the build.
-    ends = opt._data_end  # pylint: disable=protected-access
+    ends = self._built_data_end()
     if not ends.enabled:
       return []
     keys, values = sess.run(ends.done_keys, options=tf.compat.v1.RunOptions(
@@ -706,9 +702,7 @@ class AnnouncesDataEnd:
     Raises:
       NotBuiltError: Before ``apply_gradients``.
     """
-    opt: typing.Any = self
-    _ = opt.global_step  # NotBuiltError before the build.
-    ends = opt._data_end  # pylint: disable=protected-access
+    ends = self._built_data_end()
     return ends.abort.read(sess) if ends.enabled else None
 
   def data_end_fetches(self, fetches: typing.Any) -> "tf.Operation | None":
@@ -724,10 +718,18 @@ class AnnouncesDataEnd:
     Raises:
       NotBuiltError: Before ``apply_gradients``.
     """
-    opt: typing.Any = self
-    _ = opt.global_step  # NotBuiltError before the build.
-    ends = opt._data_end  # pylint: disable=protected-access
+    ends = self._built_data_end()
     return ends.local_steps.fetches_for(fetches) if ends.enabled else None
+
+  def _built_data_end(self) -> typing.Any:
+    """This optimizer's data-end policy, once it is built.
+
+    Raises:
+      NotBuiltError: Before ``apply_gradients``.
+    """
+    opt: typing.Any = self  # The SyncReplicasOptimizer mixed into.
+    _ = opt.global_step  # NotBuiltError before the build.
+    return opt._data_end  # pylint: disable=protected-access
 
 
 def make(options, *, shared_prefix):
