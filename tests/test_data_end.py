@@ -92,6 +92,11 @@ STOCK_BEHAVIOUR = [
     pytest.param("ours", "stock", id="ours-stock-policy"),
 ]
 
+_STOCK_POLICY_HANGS = (
+    "ours with stock's policy runs stock's path: stock's own class hangs "
+    "under every driver and version here, ours with it under the "
+    "Estimator (2.15) and test_data_end_protocol's stock-policy tests")
+
 #: The clusters CI's older TensorFlow (2.15, 21 clusters where 2.21 has 16,
 #: its Estimator's included) leaves to the newest, each for a reason: what
 #: TensorFlow does in it (a driver ending on its input's OutOfRangeError,
@@ -114,14 +119,8 @@ NEWEST_ONLY_CASES = {
         "under every version in test_data_end_protocol's "
         "test_a_shard_of_no_batches_ends_cleanly, the ends in the fixed "
         "shards' cases"),
-    ("stock-hang", "mts", "ours-stock-policy"): (
-        "ours with stock's policy runs stock's path: stock's own class hangs "
-        "under every driver and version here, ours with it under the "
-        "Estimator (2.15) and test_data_end_protocol's stock-policy tests"),
-    ("stock-hang", "supervisor", "ours-stock-policy"): (
-        "ours with stock's policy runs stock's path: stock's own class hangs "
-        "under every driver and version here, ours with it under the "
-        "Estimator (2.15) and test_data_end_protocol's stock-policy tests"),
+    ("stock-hang", "mts", "ours-stock-policy"): _STOCK_POLICY_HANGS,
+    ("stock-hang", "supervisor", "ours-stock-policy"): _STOCK_POLICY_HANGS,
     ("stock-chief-first", "mts", "ours-stock-policy"): (
         "ours with stock's policy runs stock's path, which stock's own class "
         "runs in this test under every version"),
