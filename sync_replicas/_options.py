@@ -53,7 +53,8 @@ class Options:
       of it is built; the graph is stock's.
     statistics_log_steps: Not in stock. With ``statistics``, the hook logs
       a ``sync_replicas stats:`` line (INFO, TensorFlow's logger) every
-      this many session runs; 0 or None: never.
+      this many train steps (session runs whose fetches reach the train
+      op; a script's other runs do not count); 0 or None: never.
     fuse_dense_gradients: Not in stock. True: the dense gradients bound for
       one ps task (and of one dtype) travel as one concatenated tensor into
       one accumulator on that task and are split back there, instead of
@@ -240,7 +241,7 @@ def _log_steps(value):
       or value < 0):
     raise ValueError(
         "statistics_log_steps must be an int >= 0 or None, got %r. Pass how "
-        "many session runs apart the hook logs statistics, or 0 for never."
+        "many train steps apart the hook logs statistics, or 0 for never."
         % (value,))
 
 

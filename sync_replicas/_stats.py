@@ -451,28 +451,30 @@ def format_line(values, *, is_chief):
 
 
 class StatsLogger:
-  """Reads and logs the statistics every ``every_runs`` session runs.
+  """Reads and logs the statistics every ``every_steps`` train steps.
 
-  Used by the hook, after a run: the statistics are read in a run of their
-  own on the same session, never added to the training run's fetches. A run
-  with fetches of its own is a new signature for the session, which
+  Used by the hook, after a train run (the hook's one rule,
+  ``optimizer.runs_train_op``: a script's own reads between steps, such as
+  the global step's, are not steps): the statistics are read in a run of
+  their own on the same session, never added to the training run's fetches.
+  A run with fetches of its own is a new signature for the session, which
   partitions, optimizes and registers its graph on every task the first
   time, and a training run with the statistics added is the whole model's
   graph again: on a step of a few milliseconds that set-up alone cost 4-9%
   of the steps in a 3-second bench window (docs/operations.md). A run of
   the statistics alone sets up a few dozen reads, and then costs one small
-  run every ``every_runs``. ``every_runs`` of None or 0 never logs
+  run every ``every_steps``. ``every_steps`` of None or 0 never logs
   (summaries still work).
   """
 
-  def __init__(self, tensors, *, every_runs, is_chief):
+  def __init__(self, tensors, *, every_steps, is_chief):
     # A non-chief's line shows only its own counters: worker-local reads,
     # so its log run waits for no ps.
     self._tensors = tensors if is_chief else {
         k: v for k, v in tensors.items() if k.startswith("worker/")}
-    self._every = every_runs or 0
+    self._every = every_steps or 0
     self._is_chief = is_chief
-    self._runs = 0
+    self._steps = 0
 
   def prepare(self, session):
     """Runs the log's read once, at session start (after the local init).
@@ -483,10 +485,11 @@ class StatsLogger:
     """
     session.run(self._tensors)
 
-  def after_run(self, session):
-    """Counts a run of ``session``; reads and logs the values when due."""
-    self._runs += 1
-    if not self._every or self._runs % self._every:
+  def after_train_step(self, session):
+    """Counts a train run of ``session``; reads and logs the values when
+    due."""
+    self._steps += 1
+    if not self._every or self._steps % self._every:
       return
     self.log(session.run(self._tensors))
 

@@ -35,7 +35,6 @@ import urllib.parse
 import tensorflow as tf
 
 from sync_replicas import _diagnose
-from sync_replicas import _train_runs
 
 _LOG = logging.getLogger(__name__)
 
@@ -97,9 +96,10 @@ class LocalStepRecord:
           table_handle=self._addresses, Tkeys=tf.int64, Tvalues=tf.string,
           name="addresses_export")
 
-  def record(self, token, *, train_op):
+  def record(self, token, *, train_runs):
     """The insert of ``token`` (the train op's new local step, on the ps)
-    under this worker's key; the hook runs it with ``train_op``."""
+    under this worker's key; the hook runs it with the train op
+    (``train_runs``, the optimizer's ``_train_runs.TrainRuns``)."""
     with tf.compat.v1.device(self._device), \
         tf.compat.v1.name_scope(self._scope):
       self._insert = tf.raw_ops.LookupTableInsertV2(
@@ -107,7 +107,7 @@ class LocalStepRecord:
           keys=tf.constant([self._key], tf.int64),
           values=tf.reshape(tf.cast(token, tf.int64), [1]),
           name="record_local_step")
-    self._train_runs = _train_runs.TrainRuns(train_op)
+    self._train_runs = train_runs
 
   @property
   def export(self):

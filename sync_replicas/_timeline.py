@@ -31,7 +31,6 @@ import tensorflow as tf
 
 from sync_replicas import _task_names
 from sync_replicas import _timeline_writer
-from sync_replicas import _train_runs
 
 #: Read by the optimizer's constructor when ``timeline_dir`` is None, so that
 #: a script run unchanged (``python -m sync_replicas.patch``) can turn it on.
@@ -102,12 +101,12 @@ class Timeline:
       with tf.compat.v1.device(device), tf.control_dependencies(deps):
         return tf.timestamp(name=name)
 
-  def worker(self, gradients, pushes, token, local_step, *, train_op):
+  def worker(self, gradients, pushes, token, local_step, *, train_runs):
     """The worker's marks: gradients computed, pushes landed, token in.
 
-    The hook adds them only to runs that run ``train_op``
-    (``runs_train_op``): fetched in any other run, they would run a push and
-    take a token.
+    The hook adds them only to runs that run the train op (``train_runs``,
+    the optimizer's ``_train_runs.TrainRuns``): fetched in any other run,
+    they would run a push and take a token.
 
     The step a run pushes at is the local step when it began: the token the
     previous run got, or, for a session's first run, ``local_step_read``
@@ -131,7 +130,7 @@ class Timeline:
         "token": self._stamp([got, pushed], "token_at", device),
         "got": got,
     }
-    self._train_runs = _train_runs.TrainRuns(train_op)
+    self._train_runs = train_runs
 
   def runs_train_op(self, fetches):
     """Whether a run of ``fetches`` runs the train op
@@ -168,8 +167,8 @@ class NoTimeline:
   chief_fetches = None
   local_step_read = None
 
-  def worker(self, gradients, pushes, token, local_step, *, train_op):
-    del gradients, pushes, token, local_step, train_op
+  def worker(self, gradients, pushes, token, local_step, *, train_runs):
+    del gradients, pushes, token, local_step, train_runs
 
   def chief(self, aggregated, update_op, released, global_step):
     del aggregated, update_op, released, global_step

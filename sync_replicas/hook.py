@@ -5,8 +5,11 @@ wait until the chief has initialized the model, run the replica's local init
 op, and on the chief enqueue the initial tokens and start the queue runner that
 aggregates and applies gradients. It talks to the optimizer only through its
 public accessors. With the optimizer's ``statistics``, it also reads the
-statistics after every ``statistics_log_steps``-th run, in a run of their
-own (``_stats.StatsLogger`` says why), and logs them.
+statistics after every ``statistics_log_steps``-th train run, in a run of
+their own (``_stats.StatsLogger`` says why), and logs them. A train run is
+one whose fetches reach the train op (``optimizer.runs_train_op``): the one
+rule for every count and fetch of the hook's, so that a script's own reads
+between steps count as nothing.
 """
 
 import logging
@@ -74,8 +77,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     self._run_state = None
     # A run began and did not return (it raised): at end(), the input ended.
     self._open_run = False
-    # Train runs (their fetches reach the train op) that returned, for the
-    # data-end log line; a script's own reads between steps are not counted.
+    # Train runs (``runs_train_op``) that returned, for the data-end log
+    # line; a script's own reads between steps are not counted.
     self._train_steps = 0
     self._train_run = False  # The run in flight trains.
     self._coord = None
@@ -108,7 +111,7 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     options = opt.options
     if options.statistics and options.statistics_log_steps:
       self._stats_logger = _stats.StatsLogger(
-          opt.statistics_tensors, every_runs=options.statistics_log_steps,
+          opt.statistics_tensors, every_steps=options.statistics_log_steps,
           is_chief=self._is_chief)
 
   def after_create_session(self, session: "tf.compat.v1.Session",
@@ -177,10 +180,10 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
              if self._timeline is not None else None)
     if marks:
       fetches[_timeline_hook.KEY] = marks
+    self._train_run = self._sync_optimizer.runs_train_op(
+        run_context.original_args.fetches)
     record = self._sync_optimizer.data_end_fetches(
         run_context.original_args.fetches)
-    # Only a data_end policy counts train steps, and only it records them.
-    self._train_run = record is not None
     if record is not None:
       # This worker's new local step, kept on the ps by the run's own ps
       # partition, for the chief's stall line (data_end).
@@ -203,8 +206,8 @@ class SyncReplicasOptimizerHook(tf.compat.v1.train.SessionRunHook):
     results.pop(_LOCAL_STEP_KEY, None)
     if self._timeline is not None:
       self._timeline.after_run(results.pop(_timeline_hook.KEY, None))
-    if self._stats_logger is not None:
-      self._stats_logger.after_run(run_context.session)
+    if self._stats_logger is not None and self._train_run:
+      self._stats_logger.after_train_step(run_context.session)
 
   def end(self, session: "tf.compat.v1.Session") -> None:
     """MonitoredSession calls it only when training ends, never when it

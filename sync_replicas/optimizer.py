@@ -45,6 +45,7 @@ from sync_replicas import _stats
 from sync_replicas import _timeline
 from sync_replicas import _status
 from sync_replicas import _tokens
+from sync_replicas import _train_runs
 from sync_replicas import _transfer
 from sync_replicas import _wrapped
 from sync_replicas import hook as hook_lib
@@ -206,6 +207,13 @@ class SyncReplicasOptimizer(_data_end.AnnouncesDataEnd,
   def timeline(self) -> "_timeline.Timeline | _timeline.NoTimeline":
     """The timeline's marks (``_timeline``; ``NoTimeline`` without one)."""
     return self._built("timeline", self._state).timeline
+
+  def runs_train_op(self, fetches: typing.Any) -> bool:
+    """Not in stock: whether a run of ``fetches`` trains (they reach the
+    train op), what the hook counts as a step. NotBuiltError before
+    ``apply_gradients``."""
+    built = self._built("runs_train_op", self._state)
+    return built.train_runs.runs_train_op(fetches)
 
   def sync_manifest(self) -> "dict[str, typing.Any]":
     """What a status tool needs to find this job's sync state on the ps.
@@ -394,7 +402,7 @@ def _validate(opt, grads_and_vars, global_step):
 _Built = collections.namedtuple("_Built", [
     "global_step", "local_step", "tokens", "accumulators", "generations",
     "stats", "scope", "local_step_init_op", "ready_for_local_init_op",
-    "chief_init_op", "chief_queue_runner", "timeline"])
+    "chief_init_op", "chief_queue_runner", "timeline", "train_runs"])
 
 
 class _Build:
@@ -559,10 +567,14 @@ class _Build:
     refreshed = self.prefetched.refresh([token])
     with tf.control_dependencies(list(counted) + refreshed):
       train_op = tf.compat.v1.assign(self.local_step, step)
+    # The one test of which session runs train, shared by everything that
+    # adds fetches to them or counts them (the hook, the timeline, the
+    # data end's record).
+    self.train_runs = _train_runs.TrainRuns(train_op)
     self.timeline.worker(self.gradients, self.routes.pushes, token,
-                         self.local_step, train_op=train_op)
+                         self.local_step, train_runs=self.train_runs)
     if self.data_end.enabled:
-      self.data_end.local_steps.record(token, train_op=train_op)
+      self.data_end.local_steps.record(token, train_runs=self.train_runs)
     return train_op
 
   def chief_sync_op(self):
@@ -628,4 +640,4 @@ class _Build:
         self.global_step, self.local_step, self.tokens,
         self.routes.accumulators, self.generations, self.stats, self.scope,
         self.local_step_init_op, self.ready_for_local_init_op,
-        self.chief_init, self.runner, self.timeline)
+        self.chief_init, self.runner, self.timeline, self.train_runs)

@@ -380,3 +380,32 @@ def test_the_log_line_reads_the_statistics_in_a_run_of_its_own(graph,
           if "sync_replicas stats:" in r.getMessage()] == [
               "sync_replicas stats: worker: pushed=0 dropped_stale=0 tokens=0 "
               "token_wait=0.000s (last 0.000s) max_staleness=0"] * 2
+
+
+@pytest.mark.parametrize("data_end", ["train_all", "stock"])
+def test_the_log_line_comes_every_n_train_steps_not_every_n_runs(
+    data_end, caplog):
+  """statistics_log_steps counts train runs (fetches that reach the train
+  op), the hook's one rule for a step: a script that reads the global step
+  between its train runs logs after train steps 2, 4 and 6, where counting
+  every run logged six lines, after each step. With data_end="stock" too,
+  which records no local step."""
+  server = tf.distribute.Server.create_local_server()
+  with tf.Graph().as_default():
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    var = tf.compat.v1.Variable(1.0, use_resource=True)
+    opt = support.OURS(tf.compat.v1.train.GradientDescentOptimizer(0.1), 1,
+                       statistics=True, statistics_log_steps=2,
+                       data_end=data_end)
+    train_op = opt.minimize(var * 2.0, global_step=gs)
+    caplog.set_level(logging.INFO)
+    with support.monitored_session(
+        server.target, is_chief=True,
+        hooks=[opt.make_session_run_hook(is_chief=True)]) as sess:
+      for _ in range(6):
+        sess.run(train_op)
+        sess.run(gs)  # The script's own read: not a step.
+  pushed = [r.getMessage().split("pushed=")[1].split()[0]
+            for r in caplog.records
+            if "sync_replicas stats:" in r.getMessage()]
+  assert pushed == ["2", "4", "6"], pushed
