@@ -97,6 +97,36 @@ def session_config(session):
   return getattr(session, "_config", None)
 
 
+def request_stop(coord, exc_info):
+  """``coord.request_stop(exc_info)`` from a thread beside the training
+  thread; whether ``coord`` now holds that error, which its ``join`` (in
+  MonitoredSession's close) raises in the training thread.
+
+  A coordinator that has stopped records no error of a later request, and
+  one already joined raises it in the calling thread instead (TensorFlow's
+  ``Coordinator.request_stop``: nobody is left to raise it to). The join
+  waits at most ``stop_grace_period_secs`` for the threads registered with
+  it, so a watch whose bounded look outlasts that grace, after the run it
+  watched ended by itself, would die there with an unhandled exception.
+  Either way the error cannot reach the training thread any more: False,
+  and the caller's thread ends cleanly.
+  """
+  if coord.should_stop():
+    return False
+  error = exc_info[1]
+  try:
+    coord.request_stop(exc_info)
+  except Exception as e:  # pylint: disable=broad-except
+    if e is not error:
+      raise
+    return False  # Joined between the check and the request.
+  try:
+    coord.raise_requested_exception()
+  except Exception as e:  # pylint: disable=broad-except
+    return e is error
+  return False
+
+
 def quiet_deprecations():
   """A context in which TensorFlow prints no deprecation warning.
 

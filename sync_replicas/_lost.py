@@ -187,7 +187,10 @@ class ChiefWatch:
   bounded probe). If the chief cannot push, it stops the worker's
   coordinator with ``SyncTimeoutError`` naming it: the run still ends at
   its timeout, and MonitoredSession's close then raises this error, the
-  bare one as its context. A chief that answers changes nothing.
+  bare one as its context. A chief that answers changes nothing. A look
+  that ends after the session stopped (its run timed out first, and the
+  close's grace for this thread ran out) delivers nothing: the error stays
+  in the log, and the thread ends cleanly (``_compat.request_stop``).
 
   Args:
     read_addresses: Returns ``{key: "host:port"}`` from the record on the
@@ -257,7 +260,11 @@ class ChiefWatch:
               waited, self._timeout_ms, max(timeout_secs - waited, 0.0),
               named(CHIEF_KEY, device, address), reason))
       _LOG.error("sync_replicas: %s", message)
-      coord.request_stop(timeout_error(message))
+      if not _compat.request_stop(coord, timeout_error(message)):
+        # The run ended (its own timeout) and the session stopped while
+        # this look ran: its error is the run's, and this line says why.
+        _LOG.warning("sync_replicas: this worker's session stopped before "
+                     "the error above could end it")
       return
 
   def _chief_lost(self, session):

@@ -147,7 +147,10 @@ class StallWatch:
                  "the update needs cannot push: the job stops now with "
                  "SyncTimeoutError", waited, timeout_ms,
                  max(timeout_secs - waited, 0.0))
-      coord.request_stop(_timeout_error(waited, timeout_ms, found[0]))
+      # Bounded reads and probes may outlast a session stopped meanwhile:
+      # then no error is delivered, and this thread ends cleanly.
+      _compat.request_stop(coord, _timeout_error(waited, timeout_ms,
+                                                  found[0]))
       return
 
   def _read_status(self, sess, coord):
@@ -210,7 +213,7 @@ class StallWatch:
       waited = now - since
       what, _ = self._verdict(sess, **status)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
-        coord.request_stop(_stall_error(
+        _compat.request_stop(coord, _stall_error(
             waited, self._stall_timeout_secs, what,
             replicas_to_aggregate=self._replicas_to_aggregate))
         return

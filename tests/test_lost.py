@@ -16,9 +16,11 @@ import json
 import logging
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -28,6 +30,7 @@ import tensorflow as tf
 import support
 import sync_replicas
 from sync_replicas import _abort
+from sync_replicas import _diagnose
 from sync_replicas import _lost
 from sync_replicas import _ports
 from sync_replicas import _step_record
@@ -184,6 +187,63 @@ def test_probe_tells_refused_from_silent():
     assert "does not resolve" in _lost.probe_address("no-such-host.invalid:1")
   finally:
     silent.close()
+
+
+@pytest.mark.parametrize("session_stops_first", [False, True],
+                         ids=["look-ends-first", "session-stops-first"])
+def test_the_chief_watch_ends_cleanly_whoever_stops_first(
+    session_stops_first, monkeypatch, caplog):
+  """The chief-lost watch's look (a read on the ps, then a bounded probe)
+  ends either before its run's session stops, and the error naming the
+  chief reaches the training thread from the coordinator's join; or after
+  the close joined the coordinator (the run timed out first, the close's
+  grace for the thread ran out: seen at load > 40), where
+  ``Coordinator.request_stop`` raised the error in the watch thread, which
+  pytest reported as its death. Then the thread ends cleanly, the error in
+  the log. The look is held by an event, the clock is the test's: no
+  sleep decides the order."""
+  died = []
+  monkeypatch.setattr(threading, "excepthook", died.append)
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  address = "127.0.0.1:%d" % sync_replicas.cluster.free_ports(1)[0]
+  looking, release = threading.Event(), threading.Event()
+
+  def read_addresses(session):
+    del session
+    looking.set()
+    assert release.wait(30), "the test never released the look"
+    return {_lost.CHIEF_KEY: address}
+
+  now = [0.0]
+  spec = _diagnose.LocalStepSpec("sync_rep_local_step", "int64", True,
+                                 "/job:worker/replica:0/task:1")
+  watch = _lost.ChiefWatch(read_addresses=read_addresses, local_step=spec,
+                           total_num_replicas=3, timeout_ms=10_000,
+                           clock=lambda: now[0])
+  coord = tf.train.Coordinator()
+  watch.run_started()  # At 0; the look is due 5 s before the timeout.
+  now[0] = 100.0
+  thread = watch.thread(types.SimpleNamespace(sess_str="grpc://x"), coord)
+  coord.register_thread(thread)
+  thread.start()
+  assert looking.wait(30), "the watch never looked"
+  if session_stops_first:
+    # MonitoredSession's close: a stop, then a join whose grace is over.
+    coord.request_stop()
+    coord.join(stop_grace_period_secs=0, ignore_live_threads=True)
+  release.set()
+  thread.join(timeout=30)
+  assert not thread.is_alive(), "the watch outlived its look"
+  assert not died, [d.exc_value for d in died]
+  named = "the chief, worker0 at %s, cannot: %s" % (address, _lost.REFUSED)
+  logged = [r.getMessage() for r in caplog.records]
+  assert any(named in line for line in logged), logged
+  if session_stops_first:
+    assert any("session stopped before the error above" in line
+               for line in logged), logged
+  else:
+    with pytest.raises(sync_replicas.SyncTimeoutError, match=re.escape(named)):
+      coord.join(stop_grace_period_secs=1)
 
 
 @pytest.mark.parametrize("error,cls", [
