@@ -23,6 +23,7 @@ if typing.TYPE_CHECKING:  # For readers and type checkers: the same names.
   from sync_replicas.legacy import SyncReplicasOptimizerV2
   from sync_replicas.optimizer import SyncReplicasOptimizer
   from sync_replicas.ps_server import ps_server_config
+  from sync_replicas.ps_wait import wait_for_job_end
   from sync_replicas.reads import read_packed
   from sync_replicas.ready import wait_for_chief_init
   from sync_replicas.slim import slim_train
@@ -43,6 +44,7 @@ _HOMES = {
     "read_packed": "sync_replicas.reads",
     "slim_train": "sync_replicas.slim",
     "wait_for_chief_init": "sync_replicas.ready",
+    "wait_for_job_end": "sync_replicas.ps_wait",
 }
 
 # A literal list, which linters and type checkers read without running the
@@ -61,6 +63,7 @@ __all__ = [
     "read_packed",
     "slim_train",
     "wait_for_chief_init",
+    "wait_for_job_end",
 ]
 
 

@@ -58,8 +58,15 @@ _ON_CHIEF = ("This chief started again, but that token queue on the ps stays "
              "it)")
 
 
-def decode(text, *, chief=False):
-  """The error a worker (or a ``chief`` that starts again) raises for the
+#: What the error says after the chief's reason, to a hand-started ps task
+#: that served the job (``ps_wait.wait_for_job_end``).
+_ON_PS = ("This ps task served the job until it failed, and ends with it "
+          "(it ended, it did not succeed)")
+
+
+def decode(text, *, chief=False, ps=False):
+  """The error a worker (or a ``chief`` that starts again, or a ``ps`` task
+  waiting for the job's end) raises for the
   mark ``text``: the chief's own class where it is ours
   (``SyncTimeoutError`` is stock's ``DeadlineExceededError`` too) or a
   TensorFlow one, else a RuntimeError; its message says the chief stopped
@@ -71,7 +78,8 @@ def decode(text, *, chief=False):
     name, reason = "?", text
   message = ("the chief stopped the job: %s: %s. %s (docs/operations.md, "
              "\"A job that failed\")" % (
-                 name, reason.rstrip("."), _ON_CHIEF if chief else _ON_WORKER))
+                 name, reason.rstrip("."),
+                 _ON_PS if ps else _ON_CHIEF if chief else _ON_WORKER))
   if name == "SyncTimeoutError":
     return errors.SyncTimeoutError(message)
   if name == "SyncStallError":
@@ -123,7 +131,7 @@ class AbortMark:
       return False
     return True
 
-  def read(self, session, *, chief=False):
+  def read(self, session, *, chief=False, ps=False):
     """The error the mark names (``decode``'s), or None: no mark, or the
     ps unreadable (the task then goes on as before)."""
     try:
@@ -133,7 +141,7 @@ class AbortMark:
       return None
     if not text:
       return None
-    return decode(text.decode("utf-8", "replace"), chief=chief)
+    return decode(text.decode("utf-8", "replace"), chief=chief, ps=ps)
 
 
 def _options():

@@ -13,8 +13,11 @@ once its session exists, ``step`` with the global step every 10 runs, and
 at its end ``done`` (with the global step, and for the chief the workers
 gone) or ``error`` (the exception's type, whether it is a
 ``DeadlineExceededError``, and its message); the ps ``done`` once every
-replica is. The test reads what the user of each process would have seen
-without parsing tracebacks.
+replica is, or ``error`` when the chief stopped the job with one
+(README's ``wait_for_job_end``; with ``"ps_waits": "done"`` in the spec it
+waits only for the replicas' items, and serves a failed job on). The
+test reads what the user of each process would have seen without parsing
+tracebacks.
 """
 
 import json
@@ -115,8 +118,18 @@ def main(argv):
     config = tf.compat.v1.ConfigProto(
         device_filters=["/job:ps"],
         operation_timeout_in_ms=PS_LIFETIME_SECS * 1000)
-    with tf.compat.v1.Session(server.target, config=config) as sess:
-      sess.run(_done_queue(spec).dequeue_many(len(spec["cluster"]["worker"])))
+    replicas = len(spec["cluster"]["worker"])
+    if spec.get("ps_waits") == "done":
+      with tf.compat.v1.Session(server.target, config=config) as sess:
+        sess.run(_done_queue(spec).dequeue_many(replicas))
+    else:
+      try:
+        sync_replicas.wait_for_job_end(server.target, _done_queue(spec),
+                                       replicas, config=config)
+      except Exception as e:  # pylint: disable=broad-except
+        _emit(spec["out"], event="error", type=type(e).__name__,
+              message=str(e)[:4000])
+        return 1
     _emit(spec["out"], event="done")
     return 0
   try:

@@ -36,6 +36,7 @@ TYPED_API = {
     "sync_replicas/errors.py": ["is_recoverable_error"],
     "sync_replicas/reads.py": ["read_packed"],
     "sync_replicas/ps_server.py": ["ps_server_config"],
+    "sync_replicas/ps_wait.py": ["wait_for_job_end"],
     "sync_replicas/ready.py": ["wait_for_chief_init"],
     "sync_replicas/slim.py": ["slim_train"],
     "sync_replicas/patch/__init__.py": [
