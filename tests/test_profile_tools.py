@@ -127,6 +127,19 @@ def test_the_window_opens_after_every_worker_s_first_step_and_warmup(tool):
     tool.window([chief, other], 3.5)
 
 
+@pytest.mark.version_independent
+def test_a_slow_perf_script_names_the_option_to_raise(tool, tmp_path):
+  """perf script outlasted the default 300 s beside other work: the error
+  says to pass --run-timeout, and a value (the bound here is far shorter
+  than any process start)."""
+  recording = tmp_path / "ps.perf"
+  recording.write_bytes(b"\0" * 1000)
+  with pytest.raises(RuntimeError,
+                     match=r"within 1e-06 s \(--run-timeout\).*"
+                     r"run again with --run-timeout 1200 or more"):
+    tool.script_samples(recording, timeout=1e-6)
+
+
 def test_profile_fused_profiles_prefetched_reads_to_the_last_step(tmp_path):
   """Every option set profiles to its end: the chief's loop runs one sync
   op per step (none left waiting), prefetch's local copies are
