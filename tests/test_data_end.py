@@ -161,6 +161,10 @@ def run(tmp_path, *, impl, shards=None, seed=None, driver="mts",
                               ps_in_process=True)
   # Whatever happened, the harness stopped every task it started.
   assert not summary["processes_left"], describe(summary)
+  # What the idle bound left out (a replica busy or starved of CPU), for
+  # a run beside other work (-s).
+  print("%s; %.1f s without progress discounted as busy or starved" % (
+      summary["ended"], summary["starved_secs"]))
   return summary
 
 
