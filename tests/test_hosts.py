@@ -287,6 +287,11 @@ def test_a_machine_without_iproute2_gets_one_line_saying_why(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.newest_only(reason=(
+    "a Supervisor trains under every version in test_examples' "
+    "test_supervisor_flow_learns_with_tf1_flags and test_user_scripts' two "
+    "Supervisor scripts, and training across emulated hosts is this "
+    "file's cut-link and Estimator tests' (10 CPU-seconds on 2.15)"))
 def test_supervisor_trains_on_hosts():
   out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
                  "--workers", "2", "--", "python", "-m",
@@ -393,6 +398,11 @@ os.execv(argv[0], argv)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.newest_only(reason=(
+    "the unchanged-script runner (python -m sync_replicas.patch, what "
+    "sync-replicas-run runs) trains every script of test_user_scripts under "
+    "every version, and training across emulated hosts is this file's "
+    "cut-link and Estimator tests' (10 CPU-seconds on 2.15)"))
 def test_unchanged_script_runner_trains_on_hosts(tmp_path):
   script = ROOT / "tests" / "user_scripts" / "monitored_session.py"
   out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
