@@ -376,10 +376,12 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     pytest.skip("something on this machine already listens on 2222")
   logdir = tmp_path / "demo"
   # Slowed steps (a 50 ms median delay, sleeping) keep the job training
-  # until its chief is held (below).
+  # until its chief is held (below); once it is held, the hold keeps it
+  # training, so the steps are not what must outlast the read: 300 (600
+  # once) leave 15 s at least from the chief's first progress line.
   proc = subprocess.Popen(
-      [str(ROOT / "tools" / "_demo"), "--steps", "600", "--delay_ms", "50",
-       "--log_every", "200", "--checkpoint_every", "1000", "--no_plot"],
+      [str(ROOT / "tools" / "_demo"), "--steps", "300", "--delay_ms", "50",
+       "--log_every", "100", "--checkpoint_every", "1000", "--no_plot"],
       cwd=ROOT, env=_env(SYNC_REPLICAS_DEMO_LOGDIR=str(logdir)),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   try:
@@ -408,7 +410,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
     # it trains (its first progress line): the model is initialized then.
     # In turns of 15 s with 1 s to step between them: one 60 s stop broke
     # the chief's session (support.HOLD_TURN_SECS), and 1 s is about 10 of
-    # the 600 steps.
+    # the 300 steps.
     output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
                 "progress line", timeout=180)
     # tools/launch starts each task as the leader of a process group.
@@ -449,7 +451,7 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
       held_secs, support.HOLD_TURN_SECS, _own_lines(text)[-6000:],
       text[-3000:])
   assert proc.returncode == 0, story
-  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 600",
+  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 300",
                    text), story
   # Quiet as stock or quieter (issue 16): the demo once printed TensorFlow's
   # QueueRunner deprecation in every process, from our runner's constructor.

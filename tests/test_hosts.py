@@ -36,7 +36,7 @@ LAUNCH = [sys.executable, "-m", "sync_replicas.cli.launch"]
 BIN = pathlib.Path(sys.executable).parent
 HAS_ESTIMATOR = digits_estimator.estimator_module() is not None
 _FINAL = re.compile(r"final test accuracy (\d\.\d+)")
-#: How long test_a_cut_link_is_survived keeps the ps's host cut off.
+#: How long the cut-link test keeps the ps's host cut off.
 CUT_SECS = 5.0
 
 pytestmark = pytest.mark.skipif(
@@ -286,62 +286,12 @@ def test_a_machine_without_iproute2_gets_one_line_saying_why(tmp_path):
       "loopback\n"), proc.stderr
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.newest_only(reason=(
-    "what TensorFlow does here is proven under every version apart: the "
-    "digits example under MonitoredTrainingSession by test_examples, the "
-    "status tool's reads by test_status_tool, training across emulated "
-    "hosts by this file's Supervisor, unchanged-script and cut-link tests; "
-    "entering the launch's namespace runs no TensorFlow (34 CPU-seconds "
-    "on 2.15)"))
-def test_monitored_training_session_on_hosts_is_read_by_status(tmp_path):
-  logdir = tmp_path / "digits"
-  # Slowed steps (a 50 ms median delay) keep the job training while the
-  # chief is held (below); the ps on host0, the replicas on hosts 1 and 2.
-  proc = _start(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
-                 "--workers", "2", "--timeout", "300", "--", "python", "-m",
-                 "examples.digits", "--steps", "300", "--delay_ms", "50",
-                 "--log_every", "100", "--checkpoint_every", "1000",
-                 "--logdir", str(logdir), "--no_plot"])
-  try:
-    output = support.OutputLines(proc.stdout)
-    cluster = json.loads(output.find(r"\[launch\] cluster (\{.*\})\n",
-                                     "the cluster line", timeout=30).group(1))
-    output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
-                "progress line", timeout=180)
-    support.wait_until(lambda: (logdir / "sync_manifest.json").exists(),
-                       timeout=60, what="the chief's sync_manifest.json",
-                       interval=0.2)
-    chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
-                            "the chief's pid", timeout=1).group(1))
-    # Held in turns while the status tool reads (as in test_confine): the
-    # job must still be training when it reads.
-    with support.held_in_turns(lambda signum: os.killpg(chief, signum)):
-      assert proc.poll() is None, "the job ended before its chief was held"
-      # From outside, as a user types it: the tool finds the launch whose
-      # host wrote the manifest, and enters its namespace.
-      status = subprocess.run(
-          [str(BIN / "sync-replicas-status"), "--manifest", str(logdir),
-           "--ps", cluster["ps"][0]], cwd=CWD, env=_env(),
-          capture_output=True, text=True, timeout=200)
-      still_training = proc.poll() is None
-    proc.wait(timeout=300)
-  finally:
-    support.kill_group(proc)
-  text = output.finish()
-  assert proc.returncode == 0, text[-6000:]
-  assert len(set(_addresses(cluster))) == 3, cluster
-  assert _final_accuracy(text) > 0.8, text[-4000:]
-  assert status.returncode == 0, (status.stdout, status.stderr)
-  assert re.search(r"global_step: \d+", status.stdout), status.stdout
-  assert still_training, "training ended before the status tool returned"
-  assert status.stderr == (
-      "sync-replicas-status: reading inside the network namespace of "
-      "sync-replicas-launch %d, where the job runs\n" % proc.pid), (
-          status.stderr)
-
-
 @pytest.mark.timeout(300)
+@pytest.mark.newest_only(reason=(
+    "a Supervisor trains under every version in test_examples' "
+    "test_supervisor_flow_learns_with_tf1_flags and test_user_scripts' two "
+    "Supervisor scripts, and training across emulated hosts is this "
+    "file's cut-link and Estimator tests' (10 CPU-seconds on 2.15)"))
 def test_supervisor_trains_on_hosts():
   out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
                  "--workers", "2", "--", "python", "-m",
@@ -352,25 +302,36 @@ def test_supervisor_trains_on_hosts():
 
 
 @pytest.mark.timeout(420)
-def test_a_cut_link_is_survived(tmp_path):
-  # The ps on host0 cut off for CUT_SECS while the replicas train: every
-  # update waits for it, and training must go on to its last step once the
-  # link is mended (as tools/soak's cuts: the task lives on, unreachable).
-  # Steps slowed by a 50 ms median sleep (no CPU): 300 of them last long
-  # enough, on a loaded machine too, for the cut to come before the end.
-  proc = _start(["--hosts", "3", "--ps", "1", "--workers", "2", "--timeout",
-                 "300", "--", "python", "-m", "examples.digits", "--steps",
-                 "300", "--delay_ms", "50", "--log_every", "50",
-                 "--checkpoint_every", "1000", "--logdir", str(tmp_path),
-                 "--no_plot"])
+def test_training_on_hosts_survives_a_cut_link_and_is_read_by_status(
+    tmp_path):
+  # One job serves both (each was a job of its own, about 35 CPU-seconds):
+  # the ps on host0 cut off for CUT_SECS while the replicas train: every
+  # update waits for it, and training must go on once the link is mended
+  # (as tools/soak's cuts: the task lives on, unreachable); then, the chief
+  # held, sync-replicas-status reads the job from outside. Steps slowed by
+  # a 50 ms median sleep (no CPU): 300 of them last long enough, on a
+  # loaded machine too, for the cut to come before the end; the ps on
+  # host0, the replicas on hosts 1 and 2.
+  logdir = tmp_path / "digits"
+  proc = _start(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
+                 "--workers", "2", "--timeout", "300", "--", "python", "-m",
+                 "examples.digits", "--steps", "300", "--delay_ms", "50",
+                 "--log_every", "50", "--checkpoint_every", "1000",
+                 "--logdir", str(logdir), "--no_plot"])
   try:
     output = support.OutputLines(proc.stdout)
     pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
                           timeout=20).group(1))
-    ps = json.loads(output.find(r"\[launch\] cluster (\{.*\})\n",
-                                "the cluster line", timeout=30).group(1))["ps"][0]
+    cluster = json.loads(output.find(r"\[launch\] cluster (\{.*\})\n",
+                                     "the cluster line", timeout=30).group(1))
+    ps = cluster["ps"][0]
     output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
                 "progress line", timeout=180)
+    support.wait_until(lambda: (logdir / "sync_manifest.json").exists(),
+                       timeout=60, what="the chief's sync_manifest.json",
+                       interval=0.2)
+    chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
+                            "the chief's pid", timeout=1).group(1))
 
     def inside(*argv, check=True):
       return subprocess.run([*LAUNCH, "--enter", str(pid), "--", *argv],
@@ -389,13 +350,33 @@ def test_a_cut_link_is_survived(tmp_path):
     finally:
       inside("ip", "link", "set", "host0", "up")
     assert proc.poll() is None, "the job ended during the cut"
+    # Held in turns while the status tool reads (as in test_confine): the
+    # job must still be training when it reads.
+    with support.held_in_turns(lambda signum: os.killpg(chief, signum)):
+      assert proc.poll() is None, "the job ended before its chief was held"
+      # From outside, as a user types it: the tool finds the launch whose
+      # host wrote the manifest, and enters its namespace.
+      status = subprocess.run(
+          [str(BIN / "sync-replicas-status"), "--manifest", str(logdir),
+           "--ps", ps], cwd=CWD, env=_env(),
+          capture_output=True, text=True, timeout=200)
+      still_training = proc.poll() is None
     proc.wait(timeout=300)
   finally:
     support.kill_group(proc)
   text = output.finish()
   assert proc.returncode == 0, text[-6000:]
+  assert len(set(_addresses(cluster))) == 3, cluster
   assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 300",
                    text), text[-4000:]
+  assert _final_accuracy(text) > 0.8, text[-4000:]
+  assert status.returncode == 0, (status.stdout, status.stderr)
+  assert re.search(r"global_step: \d+", status.stdout), status.stdout
+  assert still_training, "training ended before the status tool returned"
+  assert status.stderr == (
+      "sync-replicas-status: reading inside the network namespace of "
+      "sync-replicas-launch %d, where the job runs\n" % proc.pid), (
+          status.stderr)
 
 
 # How a user runs a TF1 script that takes --job_name/--task_index/--ps_hosts/
@@ -417,6 +398,11 @@ os.execv(argv[0], argv)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.newest_only(reason=(
+    "the unchanged-script runner (python -m sync_replicas.patch, what "
+    "sync-replicas-run runs) trains every script of test_user_scripts under "
+    "every version, and training across emulated hosts is this file's "
+    "cut-link and Estimator tests' (10 CPU-seconds on 2.15)"))
 def test_unchanged_script_runner_trains_on_hosts(tmp_path):
   script = ROOT / "tests" / "user_scripts" / "monitored_session.py"
   out = _launch(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",

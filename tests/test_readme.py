@@ -268,6 +268,9 @@ def test_the_program_readme_has_you_save_is_not_the_projects_to_lint():
       % name.group(1))
 
 
+# Argument parsing up to --help: no TensorFlow code of its own (the commands
+# and the programs train under every version in the tests above).
+@pytest.mark.version_independent
 def test_readme_commands_answer_help_from_the_clones_root(tmp_path):
   """Each printed command, with --help after its name, from the clone's root
   with the venv's bin first on PATH (what activating it does): the command

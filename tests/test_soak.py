@@ -145,7 +145,8 @@ def test_longest_gap_counts_unreadable_time_as_no_update():
 @pytest.mark.newest_only(reason=(
     "its faults' TensorFlow parts are proven under every version apart: "
     "test_recovery kills each role (chief, worker, each ps) and resumes, "
-    "test_hosts' test_a_cut_link_is_survived cuts the ps's link, "
+    "test_hosts' test_training_on_hosts_survives_a_cut_link_and_is_read_"
+    "by_status cuts the ps's link, "
     "test_checkpoint_saves holds the saver listener; the soak adds their "
     "random mix over a minute, the tool's bookkeeping (72 CPU-seconds on "
     "2.15)"))
