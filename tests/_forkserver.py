@@ -139,6 +139,24 @@ def threads_of(pid):
 # ---------------------------------------------------------------- client
 
 
+_cpu_secs = [0.0]
+_cpu_lock = threading.Lock()
+
+
+def _add_cpu(secs):
+  with _cpu_lock:
+    _cpu_secs[0] += secs
+
+
+def cpu_secs():
+  """CPU seconds of the forked tasks whose exit this process has seen,
+  and of the zygotes' imports: tests/conftest.py adds them to a test's CPU
+  (the tasks are the zygote's children, so RUSAGE_CHILDREN misses them
+  until the zygote ends, after the last test)."""
+  with _cpu_lock:
+    return _cpu_secs[0]
+
+
 class ForkedTask:
   """A task forked by a zygote, handled as ``subprocess.Popen`` handles
   its child: ``pid`` (the task's own, so os.kill and os.killpg on it reach
@@ -170,9 +188,11 @@ class ForkedTask:
       ready, _, _ = select.select([self._sock], [], [], timeout)
       if not ready:
         return False
-      data = self._sock.recv(64)
+      data = self._sock.recv(256)
       if data:
-        self._returncode = int(json.loads(data)["status"])
+        status = json.loads(data)
+        self._returncode = int(status["status"])
+        _add_cpu(status["cpu"])
       else:
         # The zygote died before the task (whose PR_SET_PDEATHSIG then
         # SIGKILLed it): no status can come.
@@ -247,6 +267,10 @@ class Zygote:
       raise ZygoteDied(
           "the zygote did not start within %.0f s (%s)" % (
               START_SECS, self.error_tail() or "no output"))
+    # Its import, counted to the test that first needed it (cpu_secs).
+    stat = pathlib.Path("/proc/%d/stat" % self.proc.pid).read_text()
+    _add_cpu(sum(int(f) for f in stat.rsplit(")", 1)[1].split()[11:13])
+             / os.sysconf("SC_CLK_TCK"))
 
   def error_tail(self):
     if self.proc.poll() is None:
@@ -310,10 +334,12 @@ def _stop_all():
 atexit.register(_stop_all)
 
 
-def fresh_reason(argv, *, env, start_new_session):
+def fresh_reason(argv, *, env, start_new_session, preexec_fn=None):
   """Why ``argv`` gets a fresh process, or None when it may be forked."""
   if env.get(ENV, os.environ.get(ENV, "1")) == "0":
     return "%s=0" % ENV
+  if preexec_fn is not None:
+    return "a preexec_fn runs in the parent's copy, not the zygote's"
   if not start_new_session:
     return "without start_new_session the task would join the zygote's group"
   if (len(argv) < 2 or argv[0] != sys.executable
@@ -372,7 +398,8 @@ def _fd_of(stream, default_fd, opened, *, stdout_fd=None):
 
 
 def spawn(argv, *, env=None, cwd=None, stdin=subprocess.DEVNULL,
-          stdout=None, stderr=None, start_new_session=True, zygote=None):
+          stdout=None, stderr=None, start_new_session=True, preexec_fn=None,
+          zygote=None):
   """Starts ``argv`` (``[sys.executable, SCRIPT.py, *args]``) forked from a
   zygote where it may be (``fresh_reason``), else as ``subprocess.Popen``
   would; the other arguments are Popen's. ``zygote``: this one instead of
@@ -380,7 +407,8 @@ def spawn(argv, *, env=None, cwd=None, stdin=subprocess.DEVNULL,
   preloads nothing). Returns a ForkedTask or a Popen."""
   env = dict(os.environ if env is None else env)
   argv = [str(a) for a in argv]
-  reason = fresh_reason(argv, env=env, start_new_session=start_new_session)
+  reason = fresh_reason(argv, env=env, start_new_session=start_new_session,
+                        preexec_fn=preexec_fn)
   if reason is not None:
     zygote = None
   elif zygote is None:
@@ -407,10 +435,23 @@ def spawn(argv, *, env=None, cwd=None, stdin=subprocess.DEVNULL,
       for fd in opened:
         os.close(fd)
   return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=stdout,
-                          stderr=stderr, start_new_session=start_new_session)
+                          stderr=stderr, start_new_session=start_new_session,
+                          preexec_fn=preexec_fn)
 
 
 # ---------------------------------------------------------------- zygote
+
+
+def _zombie_cpu_secs(pid):
+  """CPU seconds of an exited, unreaped task and of the children it reaped
+  (what its parent's RUSAGE_CHILDREN would gain by reaping it)."""
+  try:
+    fields = pathlib.Path("/proc/%d/stat" % pid).read_text().rsplit(
+        ")", 1)[1].split()
+  except OSError:
+    return 0.0
+  # utime, stime, cutime, cstime: fields 14-17 of proc(5), in clock ticks.
+  return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _exit_status(info):
@@ -489,7 +530,8 @@ def _serve(control):
           if not child.released:
             try:
               child.sock.sendall(json.dumps(
-                  {"status": _exit_status(info)}).encode())
+                  {"status": _exit_status(info),
+                   "cpu": _zombie_cpu_secs(child.pid)}).encode())
             except OSError:
               child.released = True
       if child.reported and child.released:

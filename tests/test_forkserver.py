@@ -113,6 +113,22 @@ def test_kill_group_kills_the_task_and_its_children(zygote, tmp_path):
                      what="the task's own child to die with its group")
 
 
+def test_a_tasks_cpu_counts_once_its_exit_is_read(zygote, tmp_path):
+  """As a fresh child's counts in RUSAGE_CHILDREN once it is reaped
+  (tests/conftest.py's CPU per test adds ``cpu_secs``)."""
+  script = _script(tmp_path, """
+      import time
+      end = time.process_time() + 0.5
+      while time.process_time() < end:
+        pass
+      """)
+  before = _forkserver.cpu_secs()
+  task = _spawn(zygote, [sys.executable, str(script)])
+  assert task.wait(timeout=60) == 0
+  assert 0.45 <= _forkserver.cpu_secs() - before < 5, (
+      before, _forkserver.cpu_secs())
+
+
 def test_a_signal_the_task_dies_of_is_minus_its_number(zygote, tmp_path):
   script = _script(tmp_path, """
       import os, signal
@@ -214,6 +230,7 @@ def test_what_a_zygote_cannot_serve_starts_fresh(zygote, tmp_path):
       (["sh", "-c", "exit 0"], {}),
       ([sys.executable, "-c", "pass"], {}),
       ([sys.executable, str(script)], {"start_new_session": False}),
+      ([sys.executable, str(script)], {"preexec_fn": os.getpid}),
       ([sys.executable, str(script)],
        {"env": dict(os.environ, **{_forkserver.ENV: "0"})})]:
     proc = _forkserver.spawn(argv, zygote=zygote, **kwargs)
