@@ -52,18 +52,22 @@ fresh process instead, with one log line: never a hang, every wait bounded.
 Fork with threads
 -----------------
 After ``import tensorflow`` the zygote has two OS threads (``threads_of``;
-TensorFlow 2.21 on Python 3.11, seen with gdb): its main thread and
-OpenBLAS's ``blas_thread_server`` (numpy's BLAS, which TensorFlow imports),
-parked on a condition variable with no work queued. That is what Python
-3.12+ warns about in ``os.fork``. OpenBLAS registers a pthread_atfork
-handler that shuts its thread server down before every fork (the zygote
-has one thread after its first fork) and starts it again when next
-needed, in parent or child; glibc takes malloc's locks around a fork
-itself; TensorFlow's own pools start with the servers and sessions the
-tasks build, in the child. So no thread holds a lock the child needs, and
-the DeprecationWarning is silenced around that one ``os.fork`` call only,
-for that reason. tests/test_forkserver.py runs a TensorFlow session in a
-task forked with DeprecationWarnings made errors.
+TensorFlow 2.21 on Python 3.11 and 3.13, seen with gdb): its main thread
+and OpenBLAS's ``blas_thread_server`` (numpy's BLAS, which TensorFlow
+imports), idle on a condition variable. OpenBLAS registers a
+pthread_atfork handler that stops that thread before every fork and
+starts it again when next needed, in parent or child; glibc holds
+malloc's locks across a fork itself; TensorFlow's own pools start with
+the servers and sessions the tasks build, in the child. So no thread
+holds a lock the child needs, and Python 3.12+'s DeprecationWarning about
+forking with threads does not come (CPython counts the threads after the
+fork, when OpenBLAS's is gone: the zygote has one thread after its first
+fork). It is not silenced: should a TensorFlow or numpy build keep a
+thread across the fork, the warning goes to the zygote's log, and under
+``-W error`` the zygote dies and the tasks start fresh (with the log's
+end in the one line that says so). tests/test_forkserver.py runs a
+TensorFlow session in a task forked by a zygote whose DeprecationWarnings
+are errors.
 
 What a forked task does not get fresh: its hash seed (PYTHONHASHSEED is
 part of the start-up key, so an explicit one is honoured, but unseeded
@@ -90,8 +94,8 @@ import socket
 import subprocess
 import sys
 import threading
+import tempfile
 import time
-import warnings
 
 #: Set to 0: every task a fresh process.
 ENV = "SYNC_REPLICAS_FORKSERVER"
@@ -251,12 +255,15 @@ class Zygote:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     self._sock = ours
     self._lock = threading.Lock()
+    # Its own output (a warning, a traceback) goes to a file: a pipe that
+    # nobody reads until the end could fill and block it.
+    self._errors = tempfile.TemporaryFile()
     try:
       self.proc = subprocess.Popen(
           [self.executable, str(pathlib.Path(__file__).resolve()),
            str(theirs.fileno()), ",".join(preload)],
-          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-          stderr=subprocess.PIPE, pass_fds=[theirs.fileno()],
+          env=env, stdin=subprocess.DEVNULL, stdout=self._errors,
+          stderr=self._errors, pass_fds=[theirs.fileno()],
           start_new_session=True)
     finally:
       theirs.close()
@@ -273,9 +280,9 @@ class Zygote:
              / os.sysconf("SC_CLK_TCK"))
 
   def error_tail(self):
-    if self.proc.poll() is None:
-      return ""
-    return self.proc.stderr.read()[-2000:].decode(errors="replace").strip()
+    """The end of what the zygote printed (nothing, while it works)."""
+    self._errors.seek(0)
+    return self._errors.read()[-2000:].decode(errors="replace").strip()
 
   def spawn(self, argv, *, env, cwd, stdin, stdout, stderr):
     status_ours, status_theirs = socket.socketpair(
@@ -316,6 +323,8 @@ class Zygote:
     except subprocess.TimeoutExpired:
       self.proc.kill()
       self.proc.wait(timeout=STOP_SECS)
+    finally:
+      self._errors.close()
 
 
 _zygotes = {}
@@ -497,13 +506,9 @@ def _serve(control):
       request = json.loads(message)
       sys.stdout.flush()
       sys.stderr.flush()
-      with warnings.catch_warnings():
-        # Python 3.12+ warns that this process has another OS thread: it is
-        # OpenBLAS's idle thread server, which OpenBLAS's own atfork handler
-        # stops before the fork, so no lock is held across it (the module
-        # docstring says more).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+      # Not silenced: Python 3.12+'s warning about forking with threads
+      # would be a real one here (the module docstring says why none comes).
+      pid = os.fork()
       if pid == 0:
         # Socket objects are closed as objects: closing only their numbers
         # would let their finalizers close whatever later reuses them.
