@@ -406,7 +406,7 @@ def _fd_of(stream, default_fd, opened, *, stdout_fd=None):
   return stream.fileno(), None
 
 
-def spawn(argv, *, env=None, cwd=None, stdin=subprocess.DEVNULL,
+def spawn(argv, *, env=None, cwd=None, stdin=None,
           stdout=None, stderr=None, start_new_session=True, preexec_fn=None,
           zygote=None):
   """Starts ``argv`` (``[sys.executable, SCRIPT.py, *args]``) forked from a
@@ -418,6 +418,8 @@ def spawn(argv, *, env=None, cwd=None, stdin=subprocess.DEVNULL,
   argv = [str(a) for a in argv]
   reason = fresh_reason(argv, env=env, start_new_session=start_new_session,
                         preexec_fn=preexec_fn)
+  if stdin == subprocess.PIPE:  # No task of the suite writes to one.
+    reason = "stdin=PIPE"
   if reason is not None:
     zygote = None
   elif zygote is None:

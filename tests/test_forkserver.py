@@ -231,6 +231,7 @@ def test_what_a_zygote_cannot_serve_starts_fresh(zygote, tmp_path):
       ([sys.executable, "-c", "pass"], {}),
       ([sys.executable, str(script)], {"start_new_session": False}),
       ([sys.executable, str(script)], {"preexec_fn": os.getpid}),
+      ([sys.executable, str(script)], {"stdin": subprocess.PIPE}),
       ([sys.executable, str(script)],
        {"env": dict(os.environ, **{_forkserver.ENV: "0"})})]:
     proc = _forkserver.spawn(argv, zygote=zygote, **kwargs)
