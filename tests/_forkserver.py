@@ -93,8 +93,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import tempfile
+import threading
 import time
 
 #: Set to 0: every task a fresh process.
@@ -304,8 +304,9 @@ class Zygote:
     reply = status_ours.recv(_MAX_MESSAGE) if ready else b""
     if not reply:
       status_ours.close()
-      raise ZygoteDied("the zygote gave no pid within %.0f s%s" % (
-          REPLY_SECS, "" if ready else " (it is alive but did not answer)"))
+      raise ZygoteDied("the zygote gave no pid within %.0f s (%s)" % (
+          REPLY_SECS, "it is alive but did not answer" if not ready
+          else self.error_tail() or "it ended without output"))
     answer = json.loads(reply)
     if "error" in answer:
       status_ours.close()
