@@ -16,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+import _forkserver  # pylint: disable=g-import-not-at-top
 import support  # pylint: disable=g-import-not-at-top
 import sync_replicas  # pylint: disable=g-import-not-at-top
 
@@ -286,8 +287,10 @@ def pytest_runtest_protocol(item, nextitem):
 def _cpu_secs():
   """CPU seconds of this process and of the children it has reaped: a
   process a test starts and waits for counts, grandchildren only if their
-  parent waited for them (Slurm's tasks are Slurm's children: not counted)."""
-  return sum(u.ru_utime + u.ru_stime for u in (
+  parent waited for them (Slurm's tasks are Slurm's children: not counted).
+  Tasks forked by the fork server count as they are waited for, as fresh
+  ones would (``_forkserver.cpu_secs``)."""
+  return _forkserver.cpu_secs() + sum(u.ru_utime + u.ru_stime for u in (
       resource.getrusage(resource.RUSAGE_SELF),
       resource.getrusage(resource.RUSAGE_CHILDREN)))
 

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import _forkserver
 import sync_replicas
 
 STOCK = tf.compat.v1.train.SyncReplicasOptimizer
@@ -503,6 +504,24 @@ def kill_group(proc, timeout=30):
     except ProcessLookupError:
       pass
   proc.wait(timeout=timeout)
+
+
+def start_task(argv, **popen_kwargs):
+  """Starts one of the suite's OWN task programs (tests/crash_task.py,
+  tests/lost_task.py, tools/_data_end_task.py): ``argv`` is
+  ``[sys.executable, SCRIPT.py, *args]``, the keyword arguments are
+  ``subprocess.Popen``'s (``start_new_session=True`` by default, as
+  ``kill_group`` needs).
+
+  The task is forked from this pytest process's zygote, which imported
+  TensorFlow once (tests/_forkserver.py), and handled as a Popen; it
+  starts fresh where forking would not be the same (another command, as
+  the emulated hosts' wrapper, or SYNC_REPLICAS_FORKSERVER=0). Never for
+  what a user runs (README's program, examples/, tests/user_scripts/, the
+  launcher's children): those tests prove the user's path.
+  """
+  popen_kwargs.setdefault("start_new_session", True)
+  return _forkserver.spawn(argv, **popen_kwargs)
 
 
 def start_crash_task_ps(cluster, env):

@@ -157,8 +157,9 @@ def run(tmp_path, *, impl, shards=None, seed=None, driver="mts",
   args = data_end.parse(argv)
   # The Estimator imports Keras, which the tests' children do without.
   environ = support.with_keras() if driver == "estimator" else None
+  # Its replicas are forked from the fork server (support.start_task).
   summary = data_end.run_once(args, tmp_path / "run", environ=environ,
-                              ps_in_process=True)
+                              ps_in_process=True, popen=support.start_task)
   # Whatever happened, the harness stopped every task it started.
   assert not summary["processes_left"], describe(summary)
   # What the idle bound left out (a replica busy or starved of CPU), for

@@ -359,7 +359,8 @@ class Readme:
     spec = dict(self._spec, job=job, task=task,
                 out=str(self._dir / ("%s%d.jsonl" % (job, task))))
     with open(self._dir / ("%s%d.log" % (job, task)), "ab") as log:
-      self.procs[(job, task)] = subprocess.Popen(
+      # Forked from the fork server (support.start_task).
+      self.procs[(job, task)] = support.start_task(
           [sys.executable, str(LOST_TASK), json.dumps(spec)], stdout=log,
           stderr=subprocess.STDOUT, env=self._env, start_new_session=True)
 

@@ -92,9 +92,11 @@ class Job:
     if self._hosts is not None:
       argv = self._hosts.command(
           task + (0 if job == "ps" else len(self.cluster["ps"])), argv)
-    self.procs[(job, task)] = subprocess.Popen(
-        argv, stdout=log,
-        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Forked from the fork server (support.start_task); with hosts, the
+    # namespace wrapper's command starts fresh.
+    self.procs[(job, task)] = support.start_task(
+        argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+        start_new_session=True)
 
   def hold(self):
     """Every worker pauses before its next step, until ``release``."""

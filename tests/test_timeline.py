@@ -349,7 +349,8 @@ def test_the_trace_of_a_cluster_names_its_slow_worker(tmp_path):
   def start(job, task):
     log = open(tmp_path / ("%s-%d.log" % (job, task)), "wb")
     logs.append(log)
-    procs.append(subprocess.Popen(
+    # Forked from the fork server (support.start_task).
+    procs.append(support.start_task(
         [sys.executable, str(TASK), str(tmp_path / "spec.json"), job,
          str(task)], env=env, stdout=log, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, start_new_session=True))

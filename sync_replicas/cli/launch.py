@@ -241,12 +241,15 @@ class Task:
   """One process of the cluster: its name, process and log streamer."""
 
   def __init__(self, job, index, cluster, command, env, out, out_lock, *,
-               config=None, preexec_fn=None):
+               config=None, preexec_fn=None, popen=subprocess.Popen):
     """Starts the task. Its TF_CONFIG: ``config`` where given (a TF_CONFIG
     as another launcher writes it, e.g. tools/tfjob's, as Kubeflow's
     operator does), else ours for ``cluster``; none where ``cluster`` is
     None too (the command has its cluster as flags). ``preexec_fn`` runs in
-    the child before the command (``subprocess.Popen``'s)."""
+    the child before the command (``subprocess.Popen``'s). ``popen``
+    starts the process, with Popen's arguments, and returns a Popen or an
+    object that behaves as one (tools/data_end's tests pass the suite's
+    fork server, tests/_forkserver.py)."""
     self.job, self.index = job, index
     self.name = "%s%d" % (job, index)
     self.is_ps = job == "ps"
@@ -258,7 +261,7 @@ class Task:
     # A session of its own: the task and all its children form one process
     # group that can be signalled at once, and a terminal's Ctrl-C reaches
     # the launcher only, which then stops the tasks in order.
-    self.proc = subprocess.Popen(
+    self.proc = popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=preexec_fn)
