@@ -134,8 +134,9 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   # mixed with the first run's): it says it resumes, and from which step,
   # and the merge takes its own run only unless told otherwise. This run
   # also serves the one-numbering check (_check_one_numbering): without a
-  # backup and with worker1 slowed by 1 s a batch, every update waits for
-  # it while this process's status tool reads the job (hence unconfined).
+  # backup and with worker1 slowed by 1 s a batch, updates mostly wait for
+  # it while this process's status tool reads the job (hence unconfined);
+  # the others may push for it, stock's rule, so it can also start late.
   first = sum(r["steps"] for r in rows.values())
   again, read, cluster = _launch_read_by_status(
       ["--unconfined", "--ps", "1", "--workers", "3"], "examples.digits",
@@ -232,9 +233,16 @@ def _check_one_numbering(text, read, cluster, rows):
   assert [entry.split()[0] for entry in read[0].split(", ")] == names, read
   for name in names:
     assert "\n[%s] " % name in text, text[-4000:]
+  # A worker that started after the others had trained every step (stock's
+  # tokens let the two replicas up push for a third: seen at load, worker1
+  # slowed by its 1 s batches) names itself in its "nothing to train" line
+  # and writes no timeline; one that trained, in its "done" line.
+  late = [name for name in names[1:] if "[%s] %s: nothing to train, " % (
+      name, name) in text]
   for name in names[1:]:
-    assert "[%s] %s done after " % (name, name) in text, text[-4000:]
-  assert sorted(rows) == names, rows
+    assert name in late or "[%s] %s done after " % (name, name) in text, \
+        text[-4000:]
+  assert sorted(rows) == [n for n in names if n not in late], rows
   assert "key " not in read[0] and "worker key" not in text, text[-4000:]
 
 
