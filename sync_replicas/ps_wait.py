@@ -16,6 +16,7 @@ import time
 import tensorflow as tf
 
 from sync_replicas import _abort
+from sync_replicas import _checks
 from sync_replicas import _tokens
 
 _LOG = logging.getLogger(__name__)
@@ -82,9 +83,8 @@ def wait_for_job_end(
 
 def _check(*, count, poll_secs, linger_secs):
   """Raises ValueError for a bad argument, before any op exists."""
-  if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-    raise ValueError("wait_for_job_end: count must be an int >= 1 (the "
-                     "replicas that put an item in done), got %r" % (count,))
+  _checks.positive_int("wait_for_job_end: count", count,
+                       "Pass how many replicas put an item in done.")
   for name, value in (("poll_secs", poll_secs), ("linger_secs", linger_secs)):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
         value < 0 or (name == "poll_secs" and value == 0)):
