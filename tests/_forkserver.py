@@ -275,9 +275,7 @@ class Zygote:
           "the zygote did not start within %.0f s (%s)" % (
               START_SECS, self.error_tail() or "no output"))
     # Its import, counted to the test that first needed it (cpu_secs).
-    stat = pathlib.Path("/proc/%d/stat" % self.proc.pid).read_text()
-    _add_cpu(sum(int(f) for f in stat.rsplit(")", 1)[1].split()[11:13])
-             / os.sysconf("SC_CLK_TCK"))
+    _add_cpu(_stat_cpu_secs(self.proc.pid, reaped=False))
 
   def error_tail(self):
     """The end of what the zygote printed (nothing, while it works)."""
@@ -454,16 +452,23 @@ def spawn(argv, *, env=None, cwd=None, stdin=None,
 # ---------------------------------------------------------------- zygote
 
 
+def _stat_cpu_secs(pid, *, reaped):
+  """CPU seconds of process ``pid`` from /proc (OSError where it cannot be
+  read), with the children it reaped when ``reaped``."""
+  fields = pathlib.Path("/proc/%d/stat" % pid).read_text().rsplit(
+      ")", 1)[1].split()
+  # utime, stime (then cutime, cstime): fields 14-17 of proc(5), in ticks.
+  ticks = fields[11:15] if reaped else fields[11:13]
+  return sum(int(f) for f in ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def _zombie_cpu_secs(pid):
   """CPU seconds of an exited, unreaped task and of the children it reaped
   (what its parent's RUSAGE_CHILDREN would gain by reaping it)."""
   try:
-    fields = pathlib.Path("/proc/%d/stat" % pid).read_text().rsplit(
-        ")", 1)[1].split()
+    return _stat_cpu_secs(pid, reaped=True)
   except OSError:
     return 0.0
-  # utime, stime, cutime, cstime: fields 14-17 of proc(5), in clock ticks.
-  return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _exit_status(info):
