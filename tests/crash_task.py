@@ -53,17 +53,21 @@ def _emit(path, **record):
 
 
 class _Relabel(tf.compat.v1.train.SessionRunHook):
-  """Sets the gradient label to the local step whenever a session starts.
+  """Sets the gradient label to the local step whenever a session starts,
+  and says so (``session``: MonitoredSession's own recreations after a ps
+  restart included, which no other event shows).
 
   Listed after the sync hook, so it runs after that hook's local init.
   """
 
-  def __init__(self, relabel):
+  def __init__(self, relabel, out):
     self._relabel = relabel
+    self._out = out
 
   def after_create_session(self, session, coord):
     del coord
     session.run(self._relabel)
+    _emit(self._out, event="session")
 
 
 def _wait_while_held(spec, state, timeout=HOLD_TIMEOUT_SECS):
@@ -160,7 +164,7 @@ def _worker(spec):
   is_chief = task == 0
   with tf.compat.v1.device("/job:worker/task:%d" % task):
     relabel = tf.compat.v1.assign(label, opt.local_step)
-  hooks = [opt.make_session_run_hook(is_chief), _Relabel(relabel)]
+  hooks = [opt.make_session_run_hook(is_chief), _Relabel(relabel, spec["out"])]
   if shards is None:
     hooks.append(tf.compat.v1.train.StopAtStepHook(
         last_step=spec["last_step"]))
