@@ -101,6 +101,27 @@ def test_runner_help_shows_the_options_early_and_then_what_it_replaces(
   assert text.endswith(patch.SCOPE), text
 
 
+def test_demo_help_is_its_own_and_starts_nothing():
+  # Issue 46's walk through README: ./tools/demo --help went to the example
+  # under the launcher, a cluster of four tasks that printed the example's
+  # help four times (64 s at load 30). It now prints its own help at once
+  # and points to the example's.
+  start = time.monotonic()
+  proc = subprocess.Popen([str(support.TOOLS / "demo"), "--steps", "5",
+                           "--help"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  try:
+    out, err = proc.communicate(timeout=USAGE_ERROR_SECS)
+  finally:
+    support.kill_group(proc)
+  assert proc.returncode == 0, (out, err)
+  assert out.startswith("usage: ./tools/demo [EXAMPLE OPTIONS...]"), out
+  assert "python -m examples.digits --help" in out, out
+  assert not err, err  # no venv check, no launch
+  assert time.monotonic() - start < USAGE_ERROR_SECS
+
+
 #: (command line, what the one line of error says): each a usage error.
 USAGE_ERRORS = [
     (["-m", "sync_replicas.cli.status", "--manifest", "no/such/dir", "--ps",
