@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import support
 import test_lost
@@ -118,16 +117,22 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
       killed_at, last_step, took))
 
 
-#: The take-back tests' paths do not depend on TensorFlow's version: CI
-#: runs them with the newest only (its time budget); the SIGKILL test runs
-#: on both.
-NEWEST_ONLY = pytest.mark.skipif(
-    tuple(int(x) for x in tf.__version__.split(".")[:2]) < (2, 16),
-    reason="process-cluster take-back tests run on the newest TensorFlow "
-    "only (CI time); their code path is the same on 2.15")
+#: Under every TensorFlow, what these process-cluster tests add is proven
+#: apart; CI runs them with its newest only (their time), the SIGKILL test
+#: above on both. Each reason names the tests that run under 2.15 too.
+DECLARED_GONE_ON_EVERY_VERSION = (
+    "this file's test_sigkilled_worker_is_declared_gone_and_the_job_reaches_"
+    "its_limit declares a lost process gone and counts the updates on the ps")
+TAKEN_BACK_ON_EVERY_VERSION = (
+    "test_gone_interplay's test_a_restarted_worker_left_without_a_token_is_"
+    "taken_back_at_its_push takes a gone worker back at its push")
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_lost's test_stall_line_names_each_worker_that_cannot_push_and_why "
+    "probes a task that accepts connections but never answers (a stopped "
+    "one's), and " + TAKEN_BACK_ON_EVERY_VERSION))
 @pytest.mark.timeout(300)
 def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
     gone_job):
@@ -165,7 +170,11 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_recovery's test_killed_backup_worker_rejoins_and_contributes "
+    "restarts a killed worker's process into a running job, and "
+    + TAKEN_BACK_ON_EVERY_VERSION))
 @pytest.mark.timeout(300)
 def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   """Its hook's start is seen (one line), but the chief takes it back at
@@ -213,7 +222,12 @@ def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
   assert "  lost: 1 of 3 workers gone (worker_gone_secs): worker1" in lines
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_readme's test_quick_start_runs_and_every_task_exits_0 runs "
+    "README's program, and test_lost's test_a_failed_job_ends_failed_on_"
+    "every_surviving_worker runs it (tests/lost_task.py) with worker 2 "
+    "SIGKILLed"))
 @pytest.mark.timeout(240)
 def test_readme_program_ends_every_process_with_a_worker_gone(tmp_path):
   """README's program with the chief's item for each gone worker
