@@ -124,6 +124,39 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
   assert "worker1 at " in text, text
 
 
+def test_the_chiefs_stall_line_never_names_the_chief(lost_cluster, caplog):
+  """The chief's line is its own proof that it runs: its own key is never
+  probed, whatever a probe of it would say. On TensorFlow 2.15 the chief
+  was seen naming itself "stopped or hung" in its own stall line; here its
+  recorded address is a port where nothing listens, so a probe of the
+  chief's key, were it made, would name it on every version."""
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  chief = support.LinearWorker(
+      support.OURS, lost_cluster, 0, replicas=3, total=3,
+      opt_kwargs={"stall_log_secs": STALL_LOG_SECS,
+                  "stall_timeout_secs": STALL_TIMEOUT_SECS})
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  with pytest.raises(sync_replicas.SyncStallError) as stopped:
+    with chief.graph.as_default(), \
+        tf.compat.v1.train.MonitoredTrainingSession(
+            master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
+            config=_config(), stop_grace_period_secs=1,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None) as sess:
+      # Written after the chief's hook recorded its own (true) address.
+      _record_addresses(lost_cluster.target, {
+          0: closed, 1: lost_cluster.spec["worker"][1],
+          2: lost_cluster.spec["worker"][2]})
+      sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
+  lines = [x for x in _stall_lines(caplog)
+           if "cannot push" in x and "w 1/3" in x]
+  assert lines, _stall_lines(caplog)
+  for text in lines + [str(stopped.value)]:
+    assert "2 worker(s) cannot push" in text, text
+    assert "worker0" not in text.split("cannot push")[1], text
+    assert closed not in text, text
+
+
 def _status_once(manifest_dir, ps):
   """sync-replicas-status's output once it names a worker that cannot push
   (the chief's push may land a moment after the tool starts)."""
