@@ -8,16 +8,19 @@ the ps: each gradient applied at step s by worker t lands in cell (s, t) of
 are the workers whose fresh gradient that update averaged.
 """
 
+import logging
 import os
 import signal
 import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import support
 import test_lost
 import test_recovery
+from sync_replicas import _ports
 
 #: worker_gone_secs in these tests.
 GONE_SECS = 2.0
@@ -205,6 +208,46 @@ def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   assert "worker2 is back (it pushed again" in back[0], back
   rows = _gradients_per_update(job, last_step)
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
+
+
+# test_lost's cluster: a ps and the chief in process, worker 1 silent,
+# worker 2 down.
+_lost_cluster = test_lost.lost_cluster_fixture
+
+
+@pytest.mark.timeout(120)
+def test_the_chief_never_declares_itself_gone(lost_cluster, caplog):
+  """Workers 1 and 2 are declared gone and the chief trains on alone; its
+  own key is never probed, so never declared, even with its recorded
+  address a port where nothing listens (where a probe of it would say
+  "refuses connections" on every version)."""
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  chief = support.LinearWorker(
+      support.OURS, lost_cluster, 0, replicas=3, total=3,
+      opt_kwargs={"worker_gone_secs": 1.0})
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  last_step = 5
+  with chief.graph.as_default(), \
+      tf.compat.v1.train.MonitoredTrainingSession(
+          master=lost_cluster.target, is_chief=True,
+          hooks=[chief.hook,
+                 tf.compat.v1.train.StopAtStepHook(last_step=last_step)],
+          config=test_lost.session_config(), stop_grace_period_secs=1,
+          save_summaries_steps=None, save_summaries_secs=None,
+          log_step_count_steps=None) as sess:
+    test_lost.record_addresses(lost_cluster.target, {
+        0: closed, 1: lost_cluster.spec["worker"][1],
+        2: lost_cluster.spec["worker"][2]})
+    while not sess.should_stop():
+      sess.run(chief.train_op)
+  with tf.compat.v1.Session(lost_cluster.target, graph=chief.graph,
+                            config=test_lost.session_config()) as sess:
+    assert chief.opt.workers_gone(sess) == [1, 2]
+    assert sess.run(chief.global_step) >= last_step
+  gone = [r.getMessage() for r in caplog.records
+          if " is gone (worker_gone_secs" in r.getMessage()]
+  assert len(gone) == 2, gone
+  assert not [x for x in gone if x.startswith("sync_replicas: worker0")], gone
 
 
 def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():

@@ -41,7 +41,7 @@ STALL_TIMEOUT_SECS = 8
 
 
 @pytest.fixture(name="lost_cluster")
-def _lost_cluster(monkeypatch):
+def lost_cluster_fixture(monkeypatch):
   silent = socket.socket()
   silent.bind(("127.0.0.1", 0))
   silent.listen(16)  # Never accepted: connections wait in the backlog.
@@ -62,7 +62,7 @@ def _lost_cluster(monkeypatch):
     silent.close()
 
 
-def _config():
+def session_config():
   # The chief's session must not wait for the lost tasks (README's filters).
   return tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=support.OP_TIMEOUT_MS,
@@ -88,12 +88,12 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
     with chief.graph.as_default(), \
         tf.compat.v1.train.MonitoredTrainingSession(
             master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
-            config=_config(), stop_grace_period_secs=1,
+            config=session_config(), stop_grace_period_secs=1,
             save_summaries_steps=None, save_summaries_secs=None,
             log_step_count_steps=None) as sess:
       # Workers 1 and 2 each started once and recorded their address (their
       # hook's record_task_address, whose table this writes), then were lost.
-      _record_addresses(lost_cluster.target, {
+      record_addresses(lost_cluster.target, {
           1: lost_cluster.spec["worker"][1], 2: lost_cluster.spec["worker"][2]})
       # sync-replicas-status, run while the chief's step waits.
       status.append(support.BoundedThread(
@@ -140,11 +140,11 @@ def test_the_chiefs_stall_line_never_names_the_chief(lost_cluster, caplog):
     with chief.graph.as_default(), \
         tf.compat.v1.train.MonitoredTrainingSession(
             master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
-            config=_config(), stop_grace_period_secs=1,
+            config=session_config(), stop_grace_period_secs=1,
             save_summaries_steps=None, save_summaries_secs=None,
             log_step_count_steps=None) as sess:
       # Written after the chief's hook recorded its own (true) address.
-      _record_addresses(lost_cluster.target, {
+      record_addresses(lost_cluster.target, {
           0: closed, 1: lost_cluster.spec["worker"][1],
           2: lost_cluster.spec["worker"][2]})
       sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
@@ -169,7 +169,7 @@ def _status_once(manifest_dir, ps):
   return out.getvalue()
 
 
-def _record_addresses(target, addresses):
+def record_addresses(target, addresses):
   with tf.Graph().as_default() as graph, tf.compat.v1.device(
       "/job:ps/task:0"):
     table = tf.raw_ops.MutableHashTableV2(
@@ -179,7 +179,7 @@ def _record_addresses(target, addresses):
     insert = tf.raw_ops.LookupTableInsertV2(
         table_handle=table, keys=tf.constant(list(addresses), tf.int64),
         values=tf.constant(list(addresses.values())))
-  with tf.compat.v1.Session(target, graph=graph, config=_config()) as sess:
+  with tf.compat.v1.Session(target, graph=graph, config=session_config()) as sess:
     sess.run(insert)
 
 
