@@ -329,7 +329,9 @@ class GoneWatch:
     total = self._ends.total_num_replicas
     config = _compat.session_config(sess)
     addresses = self._ends.local_steps.read_addresses(sess)
-    keys = (set(range(total)) & set(addresses)) - out
+    # Never the chief's own key (``_lost.stall_clause`` says why): a probe
+    # of itself that misses its bound would declare the chief gone.
+    keys = (set(range(total)) & set(addresses)) - out - {self._ends.key}
     lost = _lost.lacking(
         # Only a worker that started once (its hook recorded its address)
         # can be lost: one still starting up is not.

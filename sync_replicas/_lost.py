@@ -150,7 +150,13 @@ def stall_clause(sess, *, ends, done, counts, needed, reader):
   total = ends.total_num_replicas
   config = _compat.session_config(sess)
   lost = lacking(
-      keys=set(range(total)) - set(done),
+      # Not the chief's own key (``ends.key``): this line is its own proof
+      # that it runs, and a probe of itself can only mislead. Its task
+      # accepts the connection, but the read of its own local step (a fresh
+      # session, bounded at 2 s) can miss that bound on a loaded machine,
+      # which the probe reports as a task "stopped or hung": seen on
+      # TensorFlow 2.15 as the chief naming itself in its own stall line.
+      keys=set(range(total)) - set(done) - {ends.key},
       addresses=ends.local_steps.read_addresses(sess),
       devices=key_devices(reader.spec.device, total),
       read_steps=lambda devices: reader.read(sess.sess_str, devices,

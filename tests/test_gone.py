@@ -8,6 +8,7 @@ the ps: each gradient applied at step s by worker t lands in cell (s, t) of
 are the workers whose fresh gradient that update averaged.
 """
 
+import logging
 import os
 import signal
 import time
@@ -19,6 +20,7 @@ import tensorflow as tf
 import support
 import test_lost
 import test_recovery
+from sync_replicas import _ports
 
 #: worker_gone_secs in these tests.
 GONE_SECS = 2.0
@@ -118,16 +120,22 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
       killed_at, last_step, took))
 
 
-#: The take-back tests' paths do not depend on TensorFlow's version: CI
-#: runs them with the newest only (its time budget); the SIGKILL test runs
-#: on both.
-NEWEST_ONLY = pytest.mark.skipif(
-    tuple(int(x) for x in tf.__version__.split(".")[:2]) < (2, 16),
-    reason="process-cluster take-back tests run on the newest TensorFlow "
-    "only (CI time); their code path is the same on 2.15")
+#: Under every TensorFlow, what these process-cluster tests add is proven
+#: apart; CI runs them with its newest only (their time), the SIGKILL test
+#: above on both. Each reason names the tests that run under 2.15 too.
+DECLARED_GONE_ON_EVERY_VERSION = (
+    "this file's test_sigkilled_worker_is_declared_gone_and_the_job_reaches_"
+    "its_limit declares a lost process gone and counts the updates on the ps")
+TAKEN_BACK_ON_EVERY_VERSION = (
+    "test_gone_interplay's test_a_restarted_worker_left_without_a_token_is_"
+    "taken_back_at_its_push takes a gone worker back at its push")
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_lost's test_stall_line_names_each_worker_that_cannot_push_and_why "
+    "probes a task that accepts connections but never answers (a stopped "
+    "one's), and " + TAKEN_BACK_ON_EVERY_VERSION))
 @pytest.mark.timeout(300)
 def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
     gone_job):
@@ -165,7 +173,11 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_recovery's test_killed_backup_worker_rejoins_and_contributes "
+    "restarts a killed worker's process into a running job, and "
+    + TAKEN_BACK_ON_EVERY_VERSION))
 @pytest.mark.timeout(300)
 def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   """Its hook's start is seen (one line), but the chief takes it back at
@@ -198,6 +210,46 @@ def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   np.testing.assert_array_equal(rows[back_at + 2:].sum(axis=1), 3)
 
 
+# test_lost's cluster: a ps and the chief in process, worker 1 silent,
+# worker 2 down.
+_lost_cluster = test_lost.lost_cluster_fixture
+
+
+@pytest.mark.timeout(120)
+def test_the_chief_never_declares_itself_gone(lost_cluster, caplog):
+  """Workers 1 and 2 are declared gone and the chief trains on alone; its
+  own key is never probed, so never declared, even with its recorded
+  address a port where nothing listens (where a probe of it would say
+  "refuses connections" on every version)."""
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  chief = support.LinearWorker(
+      support.OURS, lost_cluster, 0, replicas=3, total=3,
+      opt_kwargs={"worker_gone_secs": 1.0})
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  last_step = 5
+  with chief.graph.as_default(), \
+      tf.compat.v1.train.MonitoredTrainingSession(
+          master=lost_cluster.target, is_chief=True,
+          hooks=[chief.hook,
+                 tf.compat.v1.train.StopAtStepHook(last_step=last_step)],
+          config=test_lost.session_config(), stop_grace_period_secs=1,
+          save_summaries_steps=None, save_summaries_secs=None,
+          log_step_count_steps=None) as sess:
+    test_lost.record_addresses(lost_cluster.target, {
+        0: closed, 1: lost_cluster.spec["worker"][1],
+        2: lost_cluster.spec["worker"][2]})
+    while not sess.should_stop():
+      sess.run(chief.train_op)
+  with tf.compat.v1.Session(lost_cluster.target, graph=chief.graph,
+                            config=test_lost.session_config()) as sess:
+    assert chief.opt.workers_gone(sess) == [1, 2]
+    assert sess.run(chief.global_step) >= last_step
+  gone = [r.getMessage() for r in caplog.records
+          if " is gone (worker_gone_secs" in r.getMessage()]
+  assert len(gone) == 2, gone
+  assert not [x for x in gone if x.startswith("sync_replicas: worker0")], gone
+
+
 def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
   from sync_replicas.cli import _job_state  # pylint: disable=g-import-not-at-top
   # A chief job's layout: key 0 is chief0, keys 1 and 2 worker0 and worker1.
@@ -213,7 +265,12 @@ def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():
   assert "  lost: 1 of 3 workers gone (worker_gone_secs): worker1" in lines
 
 
-@NEWEST_ONLY
+@pytest.mark.newest_only(reason=(
+    "under every TensorFlow, " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_readme's test_quick_start_runs_and_every_task_exits_0 runs "
+    "README's program, and test_lost's test_a_failed_job_ends_failed_on_"
+    "every_surviving_worker runs it (tests/lost_task.py) with worker 2 "
+    "SIGKILLed"))
 @pytest.mark.timeout(240)
 def test_readme_program_ends_every_process_with_a_worker_gone(tmp_path):
   """README's program with the chief's item for each gone worker

@@ -28,7 +28,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import support
 import test_recovery
@@ -50,13 +49,15 @@ pytestmark = [
         not support.is_machine_root(), reason=(
             "emulated hosts need the machine's root here (network namespaces "
             "and a bridge in this machine's namespace)")),
-    # The code path (the chief's watch, the probe, the marks) is the same on
-    # every TensorFlow: CI runs this with the newest only (its time budget);
-    # test_gone_interplay runs the same accounting in process on both.
-    pytest.mark.skipif(
-        tuple(int(x) for x in tf.__version__.split(".")[:2]) < (2, 16),
-        reason="the emulated-hosts proof runs on the newest TensorFlow only "
-        "(CI time); its code path is the same on 2.15"),
+    # CI runs this with its newest TensorFlow only (its time budget).
+    pytest.mark.newest_only(reason=(
+        "under every TensorFlow, test_hosts' test_training_on_hosts_"
+        "survives_a_cut_link_and_is_read_by_status cuts a host's link, "
+        "test_gone's test_sigkilled_worker_is_declared_gone_and_the_job_"
+        "reaches_its_limit declares a lost process gone, test_lost's "
+        "test_stall_line_names_each_worker_that_cannot_push_and_why probes "
+        "a task that does not answer, and test_gone_interplay counts the "
+        "updates with a worker gone and taken back")),
 ]
 
 

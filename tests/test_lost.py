@@ -41,7 +41,7 @@ STALL_TIMEOUT_SECS = 8
 
 
 @pytest.fixture(name="lost_cluster")
-def _lost_cluster(monkeypatch):
+def lost_cluster_fixture(monkeypatch):
   silent = socket.socket()
   silent.bind(("127.0.0.1", 0))
   silent.listen(16)  # Never accepted: connections wait in the backlog.
@@ -62,7 +62,7 @@ def _lost_cluster(monkeypatch):
     silent.close()
 
 
-def _config():
+def session_config():
   # The chief's session must not wait for the lost tasks (README's filters).
   return tf.compat.v1.ConfigProto(
       operation_timeout_in_ms=support.OP_TIMEOUT_MS,
@@ -88,12 +88,12 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
     with chief.graph.as_default(), \
         tf.compat.v1.train.MonitoredTrainingSession(
             master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
-            config=_config(), stop_grace_period_secs=1,
+            config=session_config(), stop_grace_period_secs=1,
             save_summaries_steps=None, save_summaries_secs=None,
             log_step_count_steps=None) as sess:
       # Workers 1 and 2 each started once and recorded their address (their
       # hook's record_task_address, whose table this writes), then were lost.
-      _record_addresses(lost_cluster.target, {
+      record_addresses(lost_cluster.target, {
           1: lost_cluster.spec["worker"][1], 2: lost_cluster.spec["worker"][2]})
       # sync-replicas-status, run while the chief's step waits.
       status.append(support.BoundedThread(
@@ -124,6 +124,39 @@ def test_stall_line_names_each_worker_that_cannot_push_and_why(
   assert "worker1 at " in text, text
 
 
+def test_the_chiefs_stall_line_never_names_the_chief(lost_cluster, caplog):
+  """The chief's line is its own proof that it runs: its own key is never
+  probed, whatever a probe of it would say. On TensorFlow 2.15 the chief
+  was seen naming itself "stopped or hung" in its own stall line; here its
+  recorded address is a port where nothing listens, so a probe of the
+  chief's key, were it made, would name it on every version."""
+  caplog.set_level(logging.WARNING, logger="sync_replicas")
+  chief = support.LinearWorker(
+      support.OURS, lost_cluster, 0, replicas=3, total=3,
+      opt_kwargs={"stall_log_secs": STALL_LOG_SECS,
+                  "stall_timeout_secs": STALL_TIMEOUT_SECS})
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  with pytest.raises(sync_replicas.SyncStallError) as stopped:
+    with chief.graph.as_default(), \
+        tf.compat.v1.train.MonitoredTrainingSession(
+            master=lost_cluster.target, is_chief=True, hooks=[chief.hook],
+            config=session_config(), stop_grace_period_secs=1,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None) as sess:
+      # Written after the chief's hook recorded its own (true) address.
+      record_addresses(lost_cluster.target, {
+          0: closed, 1: lost_cluster.spec["worker"][1],
+          2: lost_cluster.spec["worker"][2]})
+      sess.run(chief.train_op)  # Pushes at step 0, waits for a token.
+  lines = [x for x in _stall_lines(caplog)
+           if "cannot push" in x and "w 1/3" in x]
+  assert lines, _stall_lines(caplog)
+  for text in lines + [str(stopped.value)]:
+    assert "2 worker(s) cannot push" in text, text
+    assert "worker0" not in text.split("cannot push")[1], text
+    assert closed not in text, text
+
+
 def _status_once(manifest_dir, ps):
   """sync-replicas-status's output once it names a worker that cannot push
   (the chief's push may land a moment after the tool starts)."""
@@ -136,7 +169,7 @@ def _status_once(manifest_dir, ps):
   return out.getvalue()
 
 
-def _record_addresses(target, addresses):
+def record_addresses(target, addresses):
   with tf.Graph().as_default() as graph, tf.compat.v1.device(
       "/job:ps/task:0"):
     table = tf.raw_ops.MutableHashTableV2(
@@ -146,7 +179,7 @@ def _record_addresses(target, addresses):
     insert = tf.raw_ops.LookupTableInsertV2(
         table_handle=table, keys=tf.constant(list(addresses), tf.int64),
         values=tf.constant(list(addresses.values())))
-  with tf.compat.v1.Session(target, graph=graph, config=_config()) as sess:
+  with tf.compat.v1.Session(target, graph=graph, config=session_config()) as sess:
     sess.run(insert)
 
 
