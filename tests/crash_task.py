@@ -2,8 +2,9 @@
 
 ``python tests/crash_task.py SPEC_JSON``: a ps serves forever; a worker
 trains until ``last_step`` and appends JSON lines to its ``out`` file
-(``ready`` once its session exists, ``done`` at a clean end), so the test can
-follow it without parsing logs. The model is TF's linear toy plus a
+(``ready`` once its session exists, ``session`` at each session's start,
+``run`` after each train run that returned, ``done`` at a clean end), so the
+test can follow it without parsing logs. The model is TF's linear toy plus a
 ``trace`` variable: each gradient adds 1 to cell (local step, task) when it
 is applied, which is how the test checks that only fresh gradients were.
 
@@ -54,20 +55,23 @@ def _emit(path, **record):
 
 class _Relabel(tf.compat.v1.train.SessionRunHook):
   """Sets the gradient label to the local step whenever a session starts,
-  and says so (``session``: MonitoredSession's own recreations after a ps
-  restart included, which no other event shows).
+  and says so (``session``, with that local step, generation-encoded:
+  MonitoredSession's own recreations after a ps restart included, which no
+  other event shows). A run MonitoredSession retries in the new session
+  pushes with that label (``state["label"]``).
 
   Listed after the sync hook, so it runs after that hook's local init.
   """
 
-  def __init__(self, relabel, out):
+  def __init__(self, relabel, out, state):
     self._relabel = relabel
     self._out = out
+    self._state = state
 
   def after_create_session(self, session, coord):
     del coord
-    session.run(self._relabel)
-    _emit(self._out, event="session")
+    self._state["label"] = int(session.run(self._relabel))
+    _emit(self._out, event="session", label=self._state["label"])
 
 
 def _wait_while_held(spec, state, timeout=HOLD_TIMEOUT_SECS):
@@ -102,8 +106,13 @@ def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
       time.sleep(rng.uniform(0, 2 * spec.get("delay", 0.0)))
       sess.run(train_op)
       state["runs"] += 1  # The input's next batch (shards) is the next one.
+      pushed = state["label"]
       if not sess.should_stop():
-        sess.run(relabel)  # The step of the token just taken.
+        # The step of the token just taken.
+        state["label"] = int(sess.run(relabel))
+      # The local steps (generation-encoded) this run pushed with and the
+      # next run will: the test accounts for every push (test_recovery).
+      _emit(spec["out"], event="run", pushed=pushed, next=state["label"])
 
 
 def _shard_input(state, batches):
@@ -164,7 +173,8 @@ def _worker(spec):
   is_chief = task == 0
   with tf.compat.v1.device("/job:worker/task:%d" % task):
     relabel = tf.compat.v1.assign(label, opt.local_step)
-  hooks = [opt.make_session_run_hook(is_chief), _Relabel(relabel, spec["out"])]
+  hooks = [opt.make_session_run_hook(is_chief),
+           _Relabel(relabel, spec["out"], state)]
   if shards is None:
     hooks.append(tf.compat.v1.train.StopAtStepHook(
         last_step=spec["last_step"]))

@@ -69,17 +69,21 @@ class Job:
   def out(self, job, task):
     return self.tmp / ("%s%d.jsonl" % (job, task))
 
-  def events(self, job, task):
+  def records(self, job, task):
+    """The task's JSON lines (crash_task's events, with their fields)."""
     path = self.out(job, task)
     if not path.exists():
       return []
-    events = []
+    records = []
     for line in path.read_text().splitlines():
       try:
-        events.append(json.loads(line)["event"])
+        records.append(json.loads(line))
       except ValueError:  # A line still being written.
         break
-    return events
+    return records
+
+  def events(self, job, task):
+    return [r["event"] for r in self.records(job, task)]
 
   def start(self, job, task):
     spec = dict(self.base, job=job, task=task, out=str(self.out(job, task)))
@@ -480,11 +484,121 @@ def _hold_chief(job):
                      timeout=120, what="the chief held", interval=0.2)
 
 
-def _applied(trace):
-  """Each worker's batches in an applied update: its cells that are not 0
-  (each applied gradient adds R / (gradients in its update) to the cell of
-  its local step)."""
-  return [int(n) for n in (trace > 0).sum(axis=0)]
+def _gradients_per_cell(trace, steps, replicas):
+  """How many gradients of each worker each of the first ``steps`` updates
+  applied.
+
+  An update adds R * (the worker's gradients in it) / (all of its
+  gradients) to a worker's cell of its row: a row gives the counts up to a
+  common factor, and the smallest whole counts are taken. (One worker's
+  two gradients alone in an update read as one: that can only count a push
+  lost that was applied, never the reverse.)
+  """
+  counts = np.zeros(trace.shape, int)
+  for u in range(steps):
+    for n in range(1, 4 * replicas + 1):
+      cells = trace[u] * n / replicas
+      whole = np.rint(cells)
+      if np.allclose(cells, whole, atol=1e-3) and whole.sum() == n:
+        counts[u] = whole
+        break
+    else:
+      raise AssertionError("update %d is no whole number of gradients: %s"
+                           % (u, trace[u]))
+  return counts
+
+
+def _generation(local_step):
+  return local_step >> 32
+
+
+def _plain(local_step):
+  return local_step & 0xFFFFFFFF
+
+
+def _lost_pushes(records, applied, *, killed_at, ps_step):
+  """The pushes of runs that returned and are in no update, as ``(at steps
+  before the ps kill's, ps_step; after it with a local step of an older
+  generation than the chief's last start; of that generation)``, and the
+  cells where an update applied a gradient that no returned run accounts
+  for (a batch trained twice).
+
+  Each worker's returned runs (crash_task's ``run`` events, its killed
+  first life's included) say which step each pushed at. The killed worker's
+  run in flight at its kill (``killed_at``, a (time, task) pair) may be in
+  an update although it never returned: one gradient more is allowed at
+  the step it pushed at.
+  """
+  last = _generation(_chief_start(records, after=0))
+  pushed = np.zeros_like(applied)
+  old = np.zeros_like(applied)
+  for task, task_records in enumerate(records):
+    for r in task_records:
+      if r["event"] == "run":
+        pushed[_plain(r["pushed"]), task] += 1
+        old[_plain(r["pushed"]), task] += _generation(r["pushed"]) < last
+  when, task = killed_at
+  first_life = [r for r in records[task]
+                if r["t"] < when and r["event"] in ("session", "run")]
+  in_flight = _plain(first_life[-1].get("next", first_life[-1].get("label")))
+  pushed[in_flight, task] += 1
+  twice = [(int(s), int(t)) for s, t in np.argwhere(applied > pushed)]
+  pushed[in_flight, task] -= 1
+  lost = np.maximum(pushed - applied, 0)
+  lost_old = int(np.minimum(lost, old)[ps_step:].sum())
+  lost_new = int(lost[ps_step:].sum()) - lost_old
+  return int(lost[:ps_step].sum()), lost_old, lost_new, twice
+
+
+def _chief_start(records, *, after):
+  """The local step of the chief's last session started after ``after``
+  (a time): the global step and generation of its init."""
+  starts = [r["label"] for r in records[0]
+            if r["event"] == "session" and r["t"] > after]
+  assert starts, "the chief started no session after %s" % after
+  return starts[-1]
+
+
+def _rights_beyond_the_updates(records, applied, *, ps_killed_at, replicas):
+  """Rights to push that no update takes, made from the ps kill on, as
+  ``(before the chief's last start, from it)``: at most one lost push each.
+
+  Every push needs a right: a token, or a session's first push (its local
+  step starts at the global step). Each release gives as many tokens as the
+  next update takes; what the faults add beyond that:
+
+  * of the generations before the chief's last start, whose pushes all end
+    dropped: the right each worker not done held at the ps kill (a token,
+    or a push in flight into the killed ps, whose run returns with a token
+    of the new generation), the first push of each session that read the
+    generation before the chief's init moved it (a worker's session made
+    again after the chief's restore and before its init), and R tokens and
+    one right per worker for each chief start a later one replaced (the
+    killed worker's token never taken, if no one used it before the ps
+    kill, is one a worker held then, or the chief's init drained it);
+  * of the last generation: the chief's R initial tokens and the first
+    pushes of the sessions started in it, less what the first update of it
+    applied, plus one per worker done after the ps kill without a run
+    returned after it (its end cut a release by a token it never took).
+  """
+  last = _chief_start(records, after=ps_killed_at)
+  before = _chief_start([[r for r in records[0] if r["t"] < ps_killed_at]],
+                        after=0)
+  sessions = [r["label"] for task_records in records for r in task_records
+              if r["event"] == "session" and r["t"] > ps_killed_at]
+  late_sessions = sum(_generation(s) == _generation(last) for s in sessions)
+  replaced = _generation(last) - _generation(before) - 1
+  live, late_done = 0, 0
+  for task_records in records:
+    done = [r["t"] for r in task_records if r["event"] == "done"]
+    live += not done or done[0] > ps_killed_at
+    late_done += bool(done) and done[0] > ps_killed_at and not any(
+        r["event"] == "run" and r["t"] > ps_killed_at for r in task_records)
+  old = (live + len(sessions) - late_sessions
+         + (replicas + len(records)) * replaced)
+  new = (replicas + late_sessions - int(applied[_plain(last)].sum())
+         + late_done)
+  return old, new
 
 
 @pytest.mark.timeout(600)
@@ -507,10 +621,11 @@ def test_16_workers_and_2_ps_on_hosts_train_every_batch_through_kills(
   chief's checkpoint (one per step) holds the last update: the restarted ps
   gets the model back with nothing lost. Every worker exits 0 after training
   its whole shard; every update averaged R fresh gradients (``trace``: each
-  update's row sums to R, a worker's cells that are not 0 are its batches);
-  every batch is in an applied update but for the few pushes that the
-  chief's new sessions' tokens and the replicas' new sessions' first pushes
-  make stale after the restarts (docs/data_end.md), at most one per right.
+  update's row sums to R, and says how many gradients of each worker it
+  averaged); no update applied a gradient that no returned run accounts
+  for (a batch trained twice); every batch is in an update but for the
+  stale pushes that the rights to push the faults made beyond what the
+  updates take explain, at most one per right (``_rights_beyond_the_updates``).
 
   Without the push gate (``_routes._push_gate``) a worker's last run, whose
   input ended, still pushed ``trace``'s gradient (it does not depend on the
@@ -533,9 +648,8 @@ def test_16_workers_and_2_ps_on_hosts_train_every_batch_through_kills(
       _start(job)
       job.wait_step(2, timeout=240)
       job.hold()
-      # Each replica's sessions so far (crash_task's ``session`` event): the
-      # ones made from here on decide how many pushes may be dropped (below).
-      sessions = [job.events("worker", t).count("session") for t in range(16)]
+      # The events' clock (crash_task's ``t``): what came before each kill.
+      worker_killed_at = time.time()
       job.kill("worker", KILLED_WORKER)
       job.start("worker", KILLED_WORKER)
       job.wait_ready("worker", KILLED_WORKER, count=2, timeout=120)
@@ -551,6 +665,7 @@ def test_16_workers_and_2_ps_on_hosts_train_every_batch_through_kills(
                          timeout=60, what="a checkpoint of step %d" % step,
                          interval=0.2)
       assert "done" not in job.events("worker", 0), "ended before the kill"
+      ps_step, ps_killed_at = step, time.time()
       job.kill("ps", KILLED_PS)
       job.start("ps", KILLED_PS)
       job.release()
@@ -564,26 +679,31 @@ def test_16_workers_and_2_ps_on_hosts_train_every_batch_through_kills(
                                  err_msg="an update that was not R fresh "
                                  "gradients")
       np.testing.assert_array_equal(trace[step:], 0)
-      # Every right to push beyond what the updates take ends as a stale,
-      # dropped push (docs/data_end.md: "a resumed job's first steps may drop
-      # a few pushes as stale"): after the ps restart each new session of
-      # the chief enqueued stock's count of tokens (R), and each replica's
-      # new session (the restarted worker's; MonitoredSession's recreations
-      # after the ps restart, the chief's too) pushes its first gradient
-      # without a token. How many sessions that took is timing (the chief
-      # needed two once at load 20: a session made while the restarted ps
-      # was not serving yet is made again); nothing else is lost.
-      new = [job.events("worker", t).count("session") - sessions[t]
-             for t in range(16)]
-      assert new[0] >= 1, "the chief made no session after the ps restart"
-      rights = 16 * new[0] + sum(new)
-      applied = _applied(trace)
-      first_life = int((trace[:restarted_at, KILLED_WORKER] > 0).sum())
-      assert first_life > 0, "the killed worker trained nothing before"
-      applied[KILLED_WORKER] -= first_life
-      lost = [s - a for s, a in zip(shards, applied, strict=True)]
-      assert min(lost) >= 0 and sum(lost) <= rights, (
-          lost, shards, applied, "new sessions", new)
+      assert (trace[:restarted_at, KILLED_WORKER] > 0).any(), (
+          "the killed worker trained nothing before")
+      # Every push of a run that returned is in an update, once, but for
+      # the rights to push the faults made beyond what the updates take
+      # (docs/data_end.md: "a resumed job's first steps may drop a few
+      # pushes as stale"), each of which ends as one stale, dropped push
+      # at most. How many rights that is is timing (which sessions read
+      # the generation before the chief's init, who was in a run at the
+      # kill), read from the workers' events.
+      records = [job.records("worker", t) for t in range(16)]
+      applied = _gradients_per_cell(trace, step, 16)
+      lost_before, lost_old, lost_new, twice = _lost_pushes(
+          records, applied, killed_at=(worker_killed_at, KILLED_WORKER),
+          ps_step=ps_step)
+      assert not twice, ("a batch trained twice: (step, task)", twice)
+      rights_old, rights_new = _rights_beyond_the_updates(
+          records, applied, ps_killed_at=ps_killed_at, replicas=16)
+      # Before the ps kill the only right beyond the updates is the killed
+      # worker's token never taken (its run in flight at the kill).
+      assert (lost_before <= 1 and lost_old <= rights_old
+              and lost_new <= rights_new), (
+                  "lost pushes (before the ps kill, older generations, the "
+                  "last one)", (lost_before, lost_old, lost_new), "rights",
+                  (1, rights_old, rights_new), "gradients per update",
+                  applied.sum(axis=1)[:step].tolist())
     finally:
       job.close()
   finally:
