@@ -555,13 +555,14 @@ def start_task(argv, **popen_kwargs):
 
 def start_crash_task_ps(cluster, env):
   """ps task 0 of ``cluster`` as tests/crash_task.py, a process group of its
-  own (``kill_group`` stops it); call it again to restart that ps."""
+  own (``kill_group`` stops it); call it again to restart that ps. Forked
+  from the fork server (``start_task``): the suite's own task program, as
+  test_recovery's and test_gone's tasks."""
   spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
-  return subprocess.Popen(
+  return start_task(
       [sys.executable, str(pathlib.Path(__file__).with_name("crash_task.py")),
        spec],
-      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-      start_new_session=True)
+      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 class SharedCluster:
