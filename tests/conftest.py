@@ -75,6 +75,12 @@ def pytest_configure(config):
       "that run there, which the reason names: CI runs it under the newest "
       "TensorFlow only, as the version_independent ones (support."
       "newest_only_here does the same for one case of a parametrized test)")
+  config.addinivalue_line(
+      "markers", "scale(reason): a run at scale (16 workers, the soak, "
+      "driving modes on emulated hosts, the benchmark tools' end-to-end "
+      "runs) whose function tests in the default run prove at a small "
+      "scale, which the reason names: ./tools/test skips it, ./tools/test "
+      "--all runs it, and so does CI")
   # A thread that dies with an exception fails the test (but stock's
   # runner's expected death, _expect_stocks_cancelled_runner_threads).
   config.addinivalue_line(
@@ -212,12 +218,19 @@ _SESSION_THREADS = []
 
 def pytest_collection_modifyitems(config, items):
   """Skips the version-independent and newest-only tests where .ci/run says
-  so; a newest_only mark without its reason is refused, anywhere."""
+  so, and the scale tier outside ``./tools/test --all``; a newest_only or
+  scale mark without its reason is refused, anywhere."""
   del config
+  every_tier = os.environ.get(support.ALL_TIERS_ENV) == "1"
   for item in items:
     newest = item.get_closest_marker("newest_only")
     if newest is not None:
       support.newest_only_reason(newest, item.nodeid)
+    scale = item.get_closest_marker("scale")
+    if scale is not None:
+      reason = support.scale_reason(scale, item.nodeid)
+      if not every_tier:
+        item.add_marker(pytest.mark.skip(reason=support.scale_skip(reason)))
   if os.environ.get(SKIP_VERSION_INDEPENDENT_ENV) != "1":
     return
   skip = pytest.mark.skip(reason=(

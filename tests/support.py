@@ -211,6 +211,35 @@ def newest_only_skip(reason):
           % (OLDER_SUITE_ENV, tf.__version__, reason))
 
 
+#: tools/test --all sets it to 1 (and CI runs --all): the tests marked
+#: ``scale`` run; without it they skip (tests/conftest.py).
+ALL_TIERS_ENV = "SYNC_REPLICAS_ALL_TIERS"
+
+
+def scale_reason(mark, nodeid):
+  """The reason of a ``scale`` mark; a mark without one is refused: leaving
+  a test out of the default run needs the tests that prove its function at
+  a small scale named."""
+  reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+  if not isinstance(reason, str) or len(reason.split()) < 5:
+    raise pytest.UsageError(
+        "%s: pytest.mark.scale needs reason=\"...\", a sentence naming the "
+        "tests that prove its function at a small scale in the default "
+        "run; got %r" % (nodeid, reason))
+  return reason
+
+
+#: The start of a scale test's skip reason: tools/_run_tests.py counts the
+#: skips that carry it.
+SCALE_SKIP = "scale tier, not in the default run"
+
+
+def scale_skip(reason):
+  """The skip reason of a scale test outside ``./tools/test --all``."""
+  return ("%s (./tools/test --all runs it, as CI does; %s=1 for a bare "
+          "pytest): %s" % (SCALE_SKIP, ALL_TIERS_ENV, reason))
+
+
 def newest_only_here(reason):
   """Skips the running case in CI's older suite, as ``newest_only`` does a
   whole test: for one case of a parametrized test (call it first)."""
@@ -526,13 +555,14 @@ def start_task(argv, **popen_kwargs):
 
 def start_crash_task_ps(cluster, env):
   """ps task 0 of ``cluster`` as tests/crash_task.py, a process group of its
-  own (``kill_group`` stops it); call it again to restart that ps."""
+  own (``kill_group`` stops it); call it again to restart that ps. Forked
+  from the fork server (``start_task``): the suite's own task program, as
+  test_recovery's and test_gone's tasks."""
   spec = json.dumps({"job": "ps", "task": 0, "cluster": cluster})
-  return subprocess.Popen(
+  return start_task(
       [sys.executable, str(pathlib.Path(__file__).with_name("crash_task.py")),
        spec],
-      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-      start_new_session=True)
+      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 class SharedCluster:

@@ -23,8 +23,17 @@ import _bench_protocol  # pylint: disable=g-import-not-at-top
 import bench_report  # pylint: disable=g-import-not-at-top
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: The end-to-end runs' own bounds: a stuck run or session.run fails with
+#: the tool's message well inside subprocess.run's timeout (240-300 s),
+#: where the tool's defaults (300 and 120 s) would let that kill it first.
+_BOUNDS = ("--run-timeout", "120", "--op-timeout", "90")
 
 
+@pytest.mark.scale(reason=(
+    "tools/bench end to end (its task processes, about 20 CPU-seconds): "
+    "its bookkeeping is proven on made-up runs by this file's other tests "
+    "(intervals, verdicts, summaries, run specs), stock's and ours' "
+    "closes by test_shutdown"))
 def test_bench_writes_runs_summary_table_and_plot(tmp_path):
   out = tmp_path / "bench"
   # Long enough that ours' prompt close, on a loaded machine too, stays far
@@ -33,7 +42,7 @@ def test_bench_writes_runs_summary_table_and_plot(tmp_path):
   proc = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios",
        "small", "--workers", "1", "--reps", "1", "--secs", "0.5",
-       "--grace", str(grace), "--out", str(out),
+       "--grace", str(grace), "--out", str(out), *_BOUNDS,
        # On the small model, where it costs least: it was two runs of the
        # 200-variable model in the test below, about 10 CPU-seconds.
        "--variant", 'fused={"fuse_dense_gradients": true}'],
@@ -91,13 +100,18 @@ def test_bench_writes_runs_summary_table_and_plot(tmp_path):
     "proven under every version by test_reads, test_rewired_reads and "
     "test_prefetch, stock's plain reads by test_parity (39 CPU-seconds on "
     "2.15)"))
+@pytest.mark.scale(reason=(
+    "tools/bench end to end (its task processes, about 20 CPU-seconds): "
+    "its bookkeeping is proven on made-up runs by this file's other tests "
+    "(intervals, verdicts, summaries, run specs), stock's and ours' "
+    "closes by test_shutdown"))
 def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
   out = tmp_path / "bench"
   proc = subprocess.run(
       [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios",
        "many,many_packed_reads", "--workers", "1", "--reps", "1",
        "--impls", "stock,ours", "--secs", "0.5", "--grace", "1",
-       "--out", str(out)],
+       "--out", str(out), *_BOUNDS],
       capture_output=True, text=True, timeout=240, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = {e["scenario"]: e for e in map(
@@ -118,6 +132,11 @@ def test_bench_compares_packed_reads_with_stock_on_plain_reads(tmp_path):
     "version in test_reads and test_prefetch, and the tool's runs, table "
     "and ratios in test_bench_writes_runs_summary_table_and_plot (26 "
     "CPU-seconds on 2.15)"))
+@pytest.mark.scale(reason=(
+    "tools/bench end to end (its task processes, about 20 CPU-seconds): "
+    "its bookkeeping is proven on made-up runs by this file's other tests "
+    "(intervals, verdicts, summaries, run specs), stock's and ours' "
+    "closes by test_shutdown"))
 def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
   """MultiWorkerMirroredStrategy (both communications) and async PS beside
   ours, with packed variable reads, on the smallest model at W=2."""
@@ -126,7 +145,7 @@ def test_bench_runs_the_peers_and_reports_ratios_to_mwms(tmp_path):
       [sys.executable, str(ROOT / "tools" / "bench"), "--scenarios", "small",
        "--workers", "2", "--reps", "1", "--impls", "mwms,mwms_ring,async",
        "--variant", 'packed={"pack_variable_reads": true}', "--secs", "0.5",
-       "--grace", "1", "--out", str(out)],
+       "--grace", "1", "--out", str(out), *_BOUNDS],
       capture_output=True, text=True, timeout=300, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   rows = [json.loads(line)

@@ -287,6 +287,10 @@ def test_a_machine_without_iproute2_gets_one_line_saying_why(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.scale(reason=(
+    "a second driving mode across emulated hosts: the Supervisor trains in "
+    "test_examples and test_user_scripts, and training across hosts is "
+    "this file's cut-link test, both in the default run"))
 @pytest.mark.newest_only(reason=(
     "a Supervisor trains under every version in test_examples' "
     "test_supervisor_flow_learns_with_tf1_flags and test_user_scripts' two "
@@ -398,6 +402,10 @@ os.execv(argv[0], argv)
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.scale(reason=(
+    "a third driving mode across emulated hosts: the unchanged-script "
+    "runner trains every script of test_user_scripts, and training across "
+    "hosts is this file's cut-link test, both in the default run"))
 @pytest.mark.newest_only(reason=(
     "the unchanged-script runner (python -m sync_replicas.patch, what "
     "sync-replicas-run runs) trains every script of test_user_scripts under "

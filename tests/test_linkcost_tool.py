@@ -27,6 +27,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FLAT_BYTES = 20_000 * 4
 
 
+@pytest.mark.scale(reason=(
+    "tools/linkcost end to end on emulated hosts (ours and MWMS): its "
+    "floors, ratios and tables are proven on made-up samples by this "
+    "file's other tests, and the hosts' link shaping by test_hosts"))
 @pytest.mark.skipif(
     not support.is_machine_root(),
     reason="emulated hosts need the machine's root here: /run/netns is "

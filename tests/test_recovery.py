@@ -602,6 +602,12 @@ def _rights_beyond_the_updates(records, applied, *, ps_killed_at, replicas):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.scale(reason=(
+    "16 workers and 2 ps on 18 hosts (about 117 CPU-seconds): a killed "
+    "worker and a killed ps recovered at a small scale are this file's "
+    "test_each_killed_ps_recovers_through_monitored_session and "
+    "test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended, every "
+    "batch trained once at data end test_data_end's"))
 @pytest.mark.skipif(not support.is_machine_root(), reason=(
     "emulated hosts need the machine's root here (network namespaces and a "
     "bridge in this machine's namespace, as tools/soak --faults cut)"))

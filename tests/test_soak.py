@@ -142,6 +142,11 @@ def test_longest_gap_counts_unreadable_time_as_no_update():
 
 @pytest.mark.soak
 @pytest.mark.timeout(900)
+@pytest.mark.scale(reason=(
+    "a minute of random faults (about 65 CPU-seconds): each fault alone is "
+    "in the default run, test_recovery's kill of every role and test_hosts' "
+    "cut link, and the soak's checks on made-up rows in this file's other "
+    "tests"))
 @pytest.mark.newest_only(reason=(
     "its faults' TensorFlow parts are proven under every version apart: "
     "test_recovery kills each role (chief, worker, each ps) and resumes, "

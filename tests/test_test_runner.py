@@ -236,6 +236,128 @@ def test_newest_only_here_skips_only_in_cis_older_suite(monkeypatch):
     support.newest_only_here("proven under every version by test_parity")
 
 
+#: A test file under tests/conftest.py: one test of the scale tier, one
+#: of the default run.
+_SCALE_FILE = """
+import pytest
+
+@pytest.mark.scale(reason="proven at a small scale by test_parity")
+def test_big():
+  pass
+
+def test_small():
+  pass
+"""
+
+
+def test_scale_tests_skip_but_under_all_and_the_run_counts_them(tmp_path):
+  # Issue 46 item 10: ./tools/test leaves the scale tier out and says in
+  # one line how many and how to run them; --all (its variable) runs them.
+  (tmp_path / "test_tiers.py").write_text(_SCALE_FILE)
+  env = _run_tests.hiding_env(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join([str(support.TOOLS.parent / "tests"),
+                                       env["PYTHONPATH"]])
+  runs = {}
+  for every_tier in ("", "1"):
+    env[_run_tests.ALL_TIERS_ENV] = every_tier
+    job = _run_tests.Job("tests/test_tiers.py", [tmp_path / "test_tiers.py"],
+                         ["-q", "-rs", "-p", "no:cacheprovider", "-p",
+                          "conftest"], tmp_path / every_tier)
+    job.xml.parent.mkdir(exist_ok=True)
+    proc = subprocess.run(job.cmd, cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs[every_tier] = (proc.stdout, job)
+  said, job = runs[""]
+  assert "1 passed, 1 skipped" in said, said
+  assert ("%s (./tools/test --all runs it, as CI does; %s=1 for a bare "
+          "pytest): proven at a small scale by test_parity" % (
+              _run_tests.SCALE_SKIP, _run_tests.ALL_TIERS_ENV)
+          in said.replace("\n", " ")), said
+  assert job.scale_skipped() == 1
+  assert _run_tests.scale_line([job]) == (
+      "tools/test: 1 tests of the scale tier skipped (16 workers, the soak, "
+      "driving modes on emulated hosts, the benchmark tools' end-to-end "
+      "runs): ./tools/test --all runs them, as CI does")
+  said, job = runs["1"]
+  assert "2 passed" in said, said
+  assert job.scale_skipped() == 0 and _run_tests.scale_line([job]) is None
+  assert support.SCALE_SKIP == _run_tests.SCALE_SKIP
+  assert support.ALL_TIERS_ENV == _run_tests.ALL_TIERS_ENV
+
+
+def test_scale_without_a_reason_naming_the_proof_is_refused():
+  for mark in (pytest.mark.scale, pytest.mark.scale(reason=""),
+               pytest.mark.scale(reason="too slow")):
+    with pytest.raises(pytest.UsageError, match="naming the tests that "
+                       "prove its function at a small scale"):
+      support.scale_reason(mark.mark, "tests/test_x.py::test_y")
+  reason = "proven at a small scale by test_parity"
+  assert support.scale_reason(pytest.mark.scale(reason=reason).mark,
+                              "t") == reason
+
+
+def test_save_expected_is_refused_before_anything_runs_but_with_all(
+    monkeypatch, capsys):
+  # The committed schedule is CI's, which runs every tier: a default run's
+  # figures would make the files with scale tests look short.
+  monkeypatch.delenv(_run_tests.ALL_TIERS_ENV, raising=False)
+  monkeypatch.setattr(_run_tests, "make_jobs", lambda *a, **k: pytest.fail(
+      "jobs were made"))
+  assert _run_tests.main(["--save-expected"]) == 4
+  assert "only from a run of every tier: add --all" in capsys.readouterr().err
+  assert _run_tests.ALL_TIERS_ENV not in os.environ
+  args, _ = _run_tests.parse_args(["--all", "--save-expected"])
+  assert args.all and args.save_expected
+
+
+def test_the_default_run_schedules_by_its_own_record_first(tmp_path,
+                                                          monkeypatch):
+  monkeypatch.setattr(_run_tests, "MEASURED_DIR", tmp_path)
+  monkeypatch.setattr(_run_tests, "MEASURED", {})
+  every = _finished_job(tmp_path, "tests/test_a.py",
+                        {"test_a.py": [40, 60], "test_b.py": [3]}, peak=900,
+                        threads={"test_a.py": 850, "test_b.py": 20})
+  assert _run_tests.record_measured([every], []) == 2
+  default = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [40]},
+                          peak=900, threads={"test_a.py": 850})
+  assert _run_tests.record_measured([default], [], every_tier=False) == 1
+  assert _run_tests.measured_path(every_tier=False).name.endswith(
+      "-default.json")
+  # The default run: its own figure for test_a (its scale tests skipped),
+  # the run of every tier's for the file it has not measured.
+  _run_tests.use_tier(False)
+  assert _run_tests.MEASURED == {"test_a.py": (40.0, 900),
+                                 "test_b.py": (3.0, 20)}
+  _run_tests.use_tier(True)
+  assert _run_tests.MEASURED == {"test_a.py": (100.0, 850),
+                                 "test_b.py": (3.0, 20)}
+
+
+def test_tools_test_passes_all_on_as_the_variable_in_both_its_modes(
+    tmp_path):
+  _stand_in_tools_test(tmp_path, '"${%s:-unset}|$*"' % support.ALL_TIERS_ENV)
+  env = dict(os.environ)
+  env.pop(support.ALL_TIERS_ENV, None)
+  ran = [subprocess.run([str(tmp_path / "tools" / "test"), *args],
+                        env=env, capture_output=True, text=True,
+                        timeout=30) for args in (
+                            ["--all", "tests/test_x.py", "-q"], ["--all"],
+                            ["-v"])]
+  assert [(p.returncode, p.stdout) for p in ran] == [
+      (0, "1|-m pytest tests/test_x.py -q\n"),
+      (0, "1|tools/_run_tests.py\n"),
+      (0, "unset|tools/_run_tests.py -v\n")], ran
+
+
+def test_ci_runs_every_tier_with_the_command_readme_writes():
+  # CI runs everything, and README says so with the command CI calls.
+  root = support.TOOLS.parent
+  assert "./tools/test --all -v -rs" in (root / ".ci" / "run").read_text()
+  readme = (root / "README.md").read_text()
+  assert "`./tools/test --all`" in readme and "CI" in readme
+
+
 def test_per_file_adds_up_each_files_tests_classes_included():
   tests = [(2.0, "tests.test_a::test_x"), (3.5, "tests.test_a::test_y"),
            (1.0, "tests.test_b.TestGroup::test_z"),

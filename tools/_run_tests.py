@@ -107,6 +107,12 @@ _PYTESTMARK = re.compile(r"^pytestmark\s*=.*(?:\n[ \t)\]].*)*", re.M)
 #: ``version_independent`` skip (tests/conftest.py), and a file marked so
 #: as a whole is not started at all, which saves its process's import.
 SKIP_VERSION_INDEPENDENT_ENV = "SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT"
+#: ``--all`` sets it to 1 for every process (tests/support.py reads the
+#: same name): the tests marked ``scale`` run; without it they skip.
+ALL_TIERS_ENV = "SYNC_REPLICAS_ALL_TIERS"
+#: The start of a scale test's skip reason (tests/support.py's SCALE_SKIP):
+#: the skips counted in the one line that says how to run them.
+SCALE_SKIP = "scale tier, not in the default run"
 _POLL_SECS = 0.2
 
 
@@ -227,6 +233,15 @@ class Job:
     except (OSError, ValueError, AttributeError):
       return {}
 
+  def scale_skipped(self):
+    """How many of this job's tests skipped as the scale tier's."""
+    try:
+      root = ET.parse(self.xml).getroot()
+    except (OSError, ET.ParseError):
+      return 0
+    return sum(SCALE_SKIP in (skip.get("message") or "")
+               for skip in root.iter("skipped"))
+
   def test_times(self):
     """(seconds, test id) of every test case in this job's JUnit XML."""
     try:
@@ -244,6 +259,9 @@ def parse_args(argv):
       description="Arguments it does not know go to every pytest process.")
   parser.add_argument("--quick", action="store_true",
                       help="only the files marked quick")
+  parser.add_argument("--all", action="store_true",
+                      help="every tier: also the tests marked scale, which "
+                           "the default run skips (CI runs --all)")
   parser.add_argument("--save-expected", action="store_true",
                       help="after a green run of whole files, also write "
                            "its times and threads to tools/test_durations.json"
@@ -266,9 +284,12 @@ SELECTING = ("-k", "-m", "--deselect", "--lf", "--last-failed", "-x",
              "--collect-only")
 
 
-def measured_path(prefix=sys.prefix):
-  """This venv's record of the last green run: MEASURED_DIR/<venv>.json."""
-  return MEASURED_DIR / (pathlib.Path(prefix).name.lstrip(".") + ".json")
+def measured_path(prefix=sys.prefix, *, every_tier=True):
+  """This venv's record of the last green run: MEASURED_DIR/<venv>.json
+  for runs of every tier (--all), <venv>-default.json for the default run,
+  whose files are shorter by their skipped scale tests."""
+  name = pathlib.Path(prefix).name.lstrip(".")
+  return MEASURED_DIR / (name + ("" if every_tier else "-default") + ".json")
 
 
 def load_measured(path):
@@ -281,8 +302,19 @@ def load_measured(path):
     return {}
 
 
-#: The last green run's (seconds, threads) per file, on this machine.
+#: The last green run's (seconds, threads) per file, on this machine: a run
+#: of every tier's; the default run puts its own over it (use_tier).
 MEASURED = load_measured(measured_path())
+
+
+def use_tier(every_tier):
+  """Schedules by the record of this tier's runs: the default run by the
+  last green default run's figures where it has them, else by a run of
+  every tier's (longer: a file's scale tests counted); --all by its own."""
+  global MEASURED
+  MEASURED = load_measured(measured_path())
+  if not every_tier:
+    MEASURED.update(load_measured(measured_path(every_tier=False)))
 
 
 #: The schedule a checkout without a green run of its own (CI's clean
@@ -330,7 +362,7 @@ def measurements(done):
   return found
 
 
-def record_measured(done, pytest_args, path=None):
+def record_measured(done, pytest_args, path=None, *, every_tier=True):
   """After a run of whole files, stores what its green processes measured.
 
   Files this run did not measure, or measured in a process that failed,
@@ -340,7 +372,7 @@ def record_measured(done, pytest_args, path=None):
   schedule does not read them). Returns the number of files recorded (0:
   no process was green, or the run selected tests).
   """
-  path = measured_path() if path is None else path
+  path = measured_path(every_tier=every_tier) if path is None else path
   if any(a.split("=")[0] in SELECTING for a in pytest_args):
     return 0
   green = [j for j in done if j.rc in (0, 5)]
@@ -483,6 +515,17 @@ def kept_report(kept):
           + ["  %s" % d.name for d in sorted(kept.iterdir())])
 
 
+def scale_line(done):
+  """The one line on the scale tests this run skipped, or None."""
+  skipped = sum(job.scale_skipped() for job in done)
+  if not skipped:
+    return None
+  return ("tools/test: %d tests of the scale tier skipped (16 workers, the "
+          "soak, driving modes on emulated hosts, the benchmark tools' "
+          "end-to-end runs): ./tools/test --all runs them, as CI does"
+          % skipped)
+
+
 def summary(done, not_run, wall, busy=None, kept=None):
   print("\n%s\ntools/test: %d pytest processes, %.0f s wall time"
         % ("=" * 78, len(done), wall))
@@ -558,9 +601,20 @@ def per_file(tests):
 
 
 def main(argv):
+  args, pytest_args = parse_args(argv)
+  # tools/test passes --all on as the variable (for the files it runs
+  # itself too); the processes inherit it, tests/conftest.py reads it.
+  every_tier = args.all or os.environ.get(ALL_TIERS_ENV) == "1"
+  if args.save_expected and not every_tier:
+    print("tools/test: --save-expected saves the schedule a clean clone "
+          "(CI, which runs every tier) starts from, so only from a run of "
+          "every tier: add --all", file=sys.stderr)
+    return 4
+  if every_tier:
+    os.environ[ALL_TIERS_ENV] = "1"
+  use_tier(every_tier)
   # A CI timeout's SIGTERM unwinds like Ctrl-C: run() kills what it started.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-  args, pytest_args = parse_args(argv)
   stop_early = any(a in ("-x", "--exitfirst") or a.startswith("--maxfail")
                    for a in pytest_args)
   start = time.monotonic()
@@ -578,11 +632,15 @@ def main(argv):
             None if None in (busy_at_start, busy_at_end)
             else busy_at_end - busy_at_start, kept)
     # Inside the block: the JUnit files and thread counts are in tmp.
+    skipped = scale_line(done)
+    if skipped:
+      print(skipped)
     if len(done) == len(jobs):
-      recorded = record_measured(done, pytest_args)
+      recorded = record_measured(done, pytest_args, every_tier=every_tier)
       if recorded:
         print("tools/test: times and threads of %d files recorded in %s for "
-              "the next run's schedule" % (recorded, measured_path()))
+              "the next run's schedule" % (
+                  recorded, measured_path(every_tier=every_tier)))
       if args.save_expected:
         saved = record_measured(done, pytest_args, path=EXPECTED_PATH)
         print("tools/test: %s" % (
