@@ -371,9 +371,11 @@ class DataEnd:
     initial tokens and the sync loop: a ps task that restarted lost the
     record, and the loop would wait for gradients of workers that have
     exited. It first keeps what the record holds (a chief that restarted
-    learns it here), then inserts every remembered key the record lacks
-    (inserting a key again only rewrites its batches). One read, and one
-    write only when something was lost.
+    learns it here, and logs the gone marks it finds: ``_gone.Marks.
+    read_back``), then inserts every remembered key the record lacks
+    (inserting a key again only rewrites its batches). One read (two more
+    for the line when it finds gone marks), and one write only when
+    something was lost.
 
     Raises:
       tf.errors.UnavailableError, tf.errors.AbortedError: The ps is not
@@ -383,7 +385,13 @@ class DataEnd:
     options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
     try:
       keys, batches = session.run(self.done_keys, options=options)
+      before = self.seen_done()
       self._keep(keys, batches)
+      # Gone marks this process neither made nor saw: a chief that
+      # restarted reads them back here, and says so (``_gone``).
+      self.gone_marks.read_back(session, [
+          k for k in _gone.gone_keys(keys, batches)
+          if before.get(k) != _gone.GONE], out=len(keys))
       seen = self.seen_done()
       lost = sorted(set(seen) - {int(k) for k in keys})
       if not lost:

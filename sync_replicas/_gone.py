@@ -43,6 +43,7 @@ import tensorflow as tf
 from sync_replicas import _compat
 from sync_replicas import _diagnose
 from sync_replicas import _lost
+from sync_replicas import _restart
 from sync_replicas import _task_names
 
 _LOG = logging.getLogger(__name__)
@@ -117,6 +118,44 @@ def end_clause(gone, *, total_num_replicas, devices=None):
               _task_names.listed(gone, devices)))
 
 
+def read_back_line(gone, *, out, total_num_replicas, need, steps,
+                   addresses, devices=None):
+  """The line of a chief that found ``gone`` (keys) marked gone in the
+  record without having declared them: a chief process that restarted.
+
+  Args:
+    gone: The keys read back.
+    out: The workers in the record (done or gone).
+    total_num_replicas: Workers in the job.
+    need: Gradients each update needs now (``DataEnd.need``).
+    steps: ``{key: value}`` of the local-step record: the token of each
+      worker's last train run (a negative value: a session's start).
+    addresses: ``{key: "host:port"}`` recorded on the ps.
+    devices: ``{key: task device}``, which names them.
+  """
+  named = []
+  for key in sorted(gone):
+    step = steps.get(key)
+    if step is None:
+      since = "no train run of it recorded"
+    elif step < 0:
+      since = "since its session's start, before any train run"
+    else:
+      # The token carries the restart generation (int64 steps); the line
+      # says the plain step, as the stall line does.
+      since = "since its last train run, for step %d" % (
+          _restart.decode(step, True)[1])
+    named.append("%s (%s)" % (_lost.named(
+        key, (devices or {}).get(key), addresses.get(key)), since))
+  return (
+      "sync_replicas: the chief read back %d gone mark(s) from the record "
+      "on the ps, made before this chief process started "
+      "(worker_gone_secs): %s; updates need %d gradients (%d of %d workers "
+      "live); each is taken back when its task starts again" % (
+          len(named), "; ".join(named), need, total_num_replicas - out,
+          total_num_replicas))
+
+
 class Marks:
   """The gone marks' ops on the done record ``table`` of ``ends`` (a
   ``_data_end.DataEnd``), built in its scope and on its device; only the
@@ -144,6 +183,34 @@ class Marks:
     return (int(step),
             {int(k): int(v) for k, v in zip(keys, values, strict=True)},
             {int(k): int(v) for k, v in zip(*steps, strict=True)})
+
+  def read_back(self, session, gone, *, out):
+    """Logs ``read_back_line`` for ``gone`` (keys), marks that this chief
+    process read from the record without having made them (``DataEnd.restore``),
+    with each worker's last local step and address read in bounded runs;
+    nothing without any. ``out``: the workers in the record.
+
+    The mark itself needs no read-back: it lives in the record on the ps,
+    whose count every update's need is read from. The line says what a
+    restarted chief goes on with, where its previous process's declaration
+    went with that process's log.
+    """
+    if not gone:
+      return
+    ends = self._ends
+    try:
+      keys, values = session.run(
+          ends.local_steps.export,
+          options=tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
+      steps = {int(k): int(v) for k, v in zip(keys, values, strict=True)}
+    except tf.errors.OpError as e:
+      _LOG.debug("reading the gone workers' local steps failed: %s", e)
+      steps = {}
+    _LOG.info("%s", read_back_line(
+        gone, out=out, total_num_replicas=ends.total_num_replicas,
+        need=ends.need(out), steps=steps,
+        addresses=ends.local_steps.read_addresses(session),
+        devices=ends.devices))
 
   def declare(self, session, key):
     """Marks worker ``key`` gone; the chief's copy keeps the mark, which a

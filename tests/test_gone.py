@@ -10,6 +10,7 @@ are the workers whose fresh gradient that update averaged.
 
 import logging
 import os
+import re
 import signal
 import time
 
@@ -18,8 +19,11 @@ import pytest
 import tensorflow as tf
 
 import support
+import sync_replicas
+import test_data_end_protocol
 import test_lost
 import test_recovery
+from sync_replicas import _gone
 from sync_replicas import _ports
 
 #: worker_gone_secs in these tests.
@@ -248,6 +252,137 @@ def test_the_chief_never_declares_itself_gone(lost_cluster, caplog):
           if " is gone (worker_gone_secs" in r.getMessage()]
   assert len(gone) == 2, gone
   assert not [x for x in gone if x.startswith("sync_replicas: worker0")], gone
+
+
+#: The chief's line when it restores the checkpoint of its previous life.
+_RESTORED = re.compile(r"Restoring parameters from \S*model\.ckpt-(\d+)")
+
+
+@pytest.mark.timeout(300)
+def test_killed_chief_keeps_the_mark_of_a_worker_gone_for_good(gone_job):
+  """Gone-ness survives a chief restart as done-ness does (issue 44 item 3).
+
+  Worker 1 is SIGKILLed for good and declared gone; then the chief is
+  SIGKILLed and started again (same task, same checkpoint directory). The
+  mark lives in the record on the ps, not in the chief: the restarted chief
+  reads it back (one line naming worker 1), declares nobody gone again, and
+  its updates need the two live workers' gradients from the first one, so
+  no update waits worker_gone_secs for worker 1 again. Counted from the
+  updates the restarted chief applied (every row from the step it restored
+  on): each averaged two gradients (cells of R / 2 = 1.5, or 3.0 where one
+  survivor pushed twice: its initial tokens are stock's R, one more than
+  the two live workers take per update), none of worker 1's, and the job
+  reaches its step limit.
+  """
+  last_step = 120
+  job = _running_job(gone_job, last_step)
+  job.wait_step(10)
+  support.kill_group(job.procs[("worker", 1)])
+  _wait_for_line(job, "is gone", "declaring worker 1 gone",
+                 timeout=GONE_SECS + SLACK_SECS + 30)
+  gone_at = int(job.read_when_up("global_step"))
+  # A checkpoint (every 5 steps) made after the declaration.
+  killed_at = job.wait_step(gone_at + 6)
+  assert killed_at < last_step - 30, "trained too far before the kill"
+  first_life = len(job.log("worker", 0))
+  job.kill("worker", 0)
+  job.start("worker", 0)
+  job.wait_ready("worker", 0, count=2, timeout=90)
+  _finish(job, [0, 2], timeout=180)
+  second = job.log("worker", 0)[first_life:]
+  said = [l for l in second.splitlines() if "sync_replicas:" in l]
+  read_back = [l for l in said if "gone mark(s)" in l]
+  assert len(read_back) == 1, "\n".join(said[-30:])
+  assert ("read back 1 gone mark(s) from the record on the ps, made before "
+          "this chief process started (worker_gone_secs): worker1 at %s "
+          "(since its last train run, for step " % job.cluster["worker"][1]
+          in read_back[0]), read_back
+  assert "updates need 2 gradients (2 of 3 workers live)" in read_back[0]
+  assert not [l for l in said if "is gone" in l], "\n".join(said[-30:])
+  restored = [int(m) for m in _RESTORED.findall(second)]
+  assert restored, second[-4000:]
+  final = int(job.read_when_up("global_step"))
+  assert final >= last_step
+  rows = job.read_when_up("trace")[restored[0]:final]
+  assert not rows[:, 1].any(), rows
+  assert rows[:, 0].any() and rows[:, 2].any(), rows
+  np.testing.assert_allclose(rows.sum(axis=1), 3.0)
+  # Every update after the first needed two gradients and took two: cells
+  # of R / 2, or R where one survivor pushed twice (the restarted chief is
+  # slow in its first steps, and the token queue is shared). Needing three
+  # (the mark lost), they would take three: cells of 1 and 2. The first
+  # update may take more than it needs: the chief's first push needs no
+  # token, its initial tokens (stock's R, all for the restored step) let a
+  # survivor push up to R times for it, and a take averages every gradient
+  # there (one run's took 4: cells 0.75 and 2.25).
+  later = rows[1:]
+  cells = set(np.round(later[later != 0], 3).tolist())
+  assert cells <= {1.5, 3.0}, (
+      "an update after the restarted chief's first averaged other than two "
+      "gradients: cells %s" % sorted(cells))
+  twice = restored[0] + 1 + np.flatnonzero((later == 3.0).any(axis=1))
+  print("worker 1 gone at step %d; chief killed at %d, restored %d; its "
+        "first update's cells %s; updates to steps %s averaged one "
+        "survivor's two" % (gone_at, killed_at, restored[0],
+                            rows[0].tolist(), (twice + 1).tolist()))
+
+
+def test_a_restarted_chief_says_which_gone_marks_it_read_back(caplog):
+  """A chief process that did not declare worker 2 gone finds its mark in
+  the record on the ps (here written from a graph of its own, as the
+  chief's previous process did) and logs one line at its session's start
+  naming it, its address and its last local step; its next session (a
+  run aborted as by a ps restart: MonitoredSession creates it again), whose
+  record holds nothing it has not seen, logs none."""
+  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
+  chief = test_data_end_protocol.ShardWorker(
+      cluster, 0, workers=3, batches=4, worker_gone_secs=60.0)
+  # pylint: disable-next=protected-access
+  abort = test_data_end_protocol._AbortWhenAsked()
+  chief.hooks.append(abort)
+  _write_a_previous_chiefs_mark(
+      cluster.worker_targets[0], key=2, step=(1 << 32) + 41,
+      address="10.0.0.7:2225")
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+
+  def lines():
+    return [r.getMessage() for r in caplog.records
+            if "gone mark(s)" in r.getMessage()]
+
+  with chief.graph.as_default(), support.monitored_session(
+      chief.target, is_chief=True, hooks=chief.hooks) as sess:
+    assert len(lines()) == 1, lines()
+    abort.ask()
+    # Aborted before the run; the recovered session runs it: a push and
+    # one of that new chief start's initial tokens (stock's R).
+    sess.run(chief.train_op)
+    assert abort.raised
+  assert lines() == [
+      "sync_replicas: the chief read back 1 gone mark(s) from the record on "
+      "the ps, made before this chief process started (worker_gone_secs): "
+      "worker2 at 10.0.0.7:2225 (since its last train run, for step 41); "
+      "updates need 2 gradients (2 of 3 workers live); each is taken back "
+      "when its task starts again"], lines()
+
+
+def _write_a_previous_chiefs_mark(target, *, key, step, address):
+  """Marks worker ``key`` gone in the done record on ps 0, with its last
+  local step and its address, through the tables' shared names."""
+  with tf.Graph().as_default():
+    with tf.compat.v1.device("/job:ps/task:0"):
+      writes = []
+      for name, value_dtype, value in [
+          ("sync_replicas_done", tf.int64, _gone.GONE),
+          ("sync_replicas_local_steps", tf.int64, step),
+          ("sync_replicas_local_steps_addresses", tf.string, address)]:
+        table = tf.raw_ops.MutableHashTableV2(
+            shared_name=name, use_node_name_sharing=False,
+            key_dtype=tf.int64, value_dtype=value_dtype)
+        writes.append(tf.raw_ops.LookupTableInsertV2(
+            table_handle=table, keys=tf.constant([key], tf.int64),
+            values=tf.constant([value], value_dtype)))
+    with tf.compat.v1.Session(target, config=support.session_config()) as s:
+      s.run(writes)
 
 
 def test_status_lines_list_the_gone_workers_apart_from_the_done_ones():

@@ -904,3 +904,22 @@ def test_stocks_runner_thread_may_die_of_its_sessions_close(error):
   thread.start()
   thread.join(10)
   assert not thread.is_alive()
+
+
+def test_tools_test_help_is_its_own_and_starts_nothing(tmp_path):
+  # Four helpers ran ./tools/test --help and got the suite's runner starting
+  # every file with pytest's --help. The real script runs here, from a copy
+  # without the venv or the runner beside it: its help must come before it
+  # needs either.
+  (tmp_path / "tools").mkdir()
+  script = tmp_path / "tools" / "test"
+  shutil.copy(support.TOOLS / "test", script)
+  for args in (["--help"], ["-x", "-h"]):
+    proc = subprocess.run([str(script), *args], capture_output=True,
+                          text=True, timeout=10)
+    assert proc.returncode == 0, proc
+    assert "--all       every tier" in proc.stdout, proc.stdout
+    assert "--save-expected" in proc.stdout, proc.stdout
+    assert proc.stdout.startswith("Runs the test suite"), proc.stdout
+    assert "source " not in proc.stdout and proc.stderr == "", proc
+    assert not (tmp_path / ".venv").exists()
