@@ -192,17 +192,24 @@ def require(module, *, why, install=TEST_EXTRA):
 OLDER_SUITE_ENV = "SYNC_REPLICAS_SKIP_VERSION_INDEPENDENT"
 
 
+def _marks_reason(mark, nodeid, needs):
+  """A mark's reason (its ``reason=`` or first argument), refused where it
+  is not a sentence: ``needs`` says what the sentence must name."""
+  reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
+  if not isinstance(reason, str) or len(reason.split()) < 5:
+    raise pytest.UsageError(
+        "%s: pytest.mark.%s needs reason=\"...\", a sentence naming %s; "
+        "got %r" % (nodeid, mark.name, needs, reason))
+  return reason
+
+
 def newest_only_reason(mark, nodeid):
   """The reason of a ``newest_only`` mark; a mark without one is refused:
   leaving a test to the newest TensorFlow needs the tests that prove its
   TensorFlow part under every version named."""
-  reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
-  if not isinstance(reason, str) or len(reason.split()) < 5:
-    raise pytest.UsageError(
-        "%s: pytest.mark.newest_only needs reason=\"...\", a sentence "
-        "naming the tests that prove its TensorFlow part under every "
-        "version; got %r" % (nodeid, reason))
-  return reason
+  return _marks_reason(
+      mark, nodeid,
+      "the tests that prove its TensorFlow part under every version")
 
 
 def newest_only_skip(reason):
@@ -220,13 +227,9 @@ def scale_reason(mark, nodeid):
   """The reason of a ``scale`` mark; a mark without one is refused: leaving
   a test out of the default run needs the tests that prove its function at
   a small scale named."""
-  reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")
-  if not isinstance(reason, str) or len(reason.split()) < 5:
-    raise pytest.UsageError(
-        "%s: pytest.mark.scale needs reason=\"...\", a sentence naming the "
-        "tests that prove its function at a small scale in the default "
-        "run; got %r" % (nodeid, reason))
-  return reason
+  return _marks_reason(
+      mark, nodeid,
+      "the tests that prove its function at a small scale in the default run")
 
 
 #: The start of a scale test's skip reason: tools/_run_tests.py counts the
