@@ -16,7 +16,9 @@ import logging
 import os
 import re
 import signal
+import socket
 import time
+import types
 
 import numpy as np
 import pytest
@@ -27,7 +29,9 @@ import sync_replicas
 import test_data_end_protocol
 import test_lost
 import test_recovery
+from sync_replicas import _diagnose
 from sync_replicas import _gone
+from sync_replicas import _lost
 from sync_replicas import _ports
 
 #: worker_gone_secs in these tests.
@@ -524,3 +528,105 @@ def test_stall_line_lists_the_gone_workers_apart_from_the_done_ones():
   assert steps.startswith(
       "workers' local steps: worker0 7 (done), worker1 6, key 2 5 (gone); "
       "every push from worker1 is stale"), steps
+
+
+class _Looks:
+  """A coordinator for ``GoneWatch.run`` that stops after ``looks`` looks."""
+
+  def __init__(self, looks):
+    self.left = looks
+
+  def wait_for_stop(self, timeout):
+    del timeout
+    self.left -= 1
+    return self.left < 0
+
+  def should_stop(self):
+    return False
+
+
+class _Record:
+  """The chief's side of the done record, as ``GoneWatch`` uses it: the
+  global step never moves, every worker's local step neither, and a
+  declaration marks the worker gone there (which the next look reads)."""
+
+  total_num_replicas = 3
+  key = 0  # The chief's.
+
+  def __init__(self, addresses, reader):
+    self.devices = _lost.key_devices("/job:worker/task:0", 3)
+    self.record, self.declared = {}, []
+    self._reader = reader
+    self.local_steps = types.SimpleNamespace(
+        read_addresses=lambda sess: dict(addresses))
+    self.gone_marks = types.SimpleNamespace(read=self._read,
+                                            declare=self._declare)
+
+  def _read(self, sess, global_step):
+    del sess, global_step
+    return 7, dict(self.record), {0: 7, 1: 7, 2: 7}
+
+  def _declare(self, sess, key):
+    del sess
+    self.record[key] = _gone.GONE
+    self.declared.append((key, self._reader.reads))
+
+  def need(self, out):
+    return max(0, min(3, 3 - out))
+
+
+class _Reads:
+  """Worker 1's local step as the chief's bounded reads find it, one
+  answer per look: None is a read that missed its bound."""
+
+  spec = types.SimpleNamespace(device="/job:worker/task:0")
+
+  def __init__(self, answers):
+    self._answers = list(answers)
+    self.reads = 0
+
+  def read(self, target, devices, *, config=None):
+    del target, config
+    assert devices == ["/job:worker/replica:0/task:1"], devices
+    self.reads += 1
+    step = self._answers.pop(0)
+    return [_diagnose.LocalStep(devices[0], step,
+                                None if step is not None else "unreachable")]
+
+
+def test_a_task_that_misses_one_read_is_looked_at_again_before_it_is_gone(
+    caplog):
+  """Worker 1's task accepts connections (a listening socket) but its read
+  misses the bound at the first look that probes it, as a live task
+  starved of CPU can: not declared gone there; it answers at the second;
+  it misses two reads in a row (the third and fourth): declared gone at
+  the fourth. Worker 2's task refuses connections: declared gone at the
+  first, with no second look. The global step never moves, and the clock
+  is 10 s ahead at each look: every look from the second on is past
+  worker_gone_secs, and probes."""
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(8)
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  try:
+    reads = _Reads([None, 7, None, None])
+    record = _Record({1: "127.0.0.1:%d" % listening.getsockname()[1],
+                      2: closed}, reads)
+    ticks = iter(range(0, 1000, 10))
+    watch = _gone.GoneWatch(GONE_SECS, ends=record, global_step=None,
+                            reader=reads, clock=lambda: float(next(ticks)))
+    watch.run(types.SimpleNamespace(sess_str="grpc://127.0.0.1:1"),
+              _Looks(5))
+  finally:
+    listening.close()
+  # (key, the reads of worker 1 made by then): worker 2 at the first
+  # probing look; worker 1 at its fourth read, the second silent in a row.
+  assert record.declared == [(2, 1), (1, 4)], record.declared
+  again = [r.getMessage() for r in caplog.records
+           if "looked at again" in r.getMessage()]
+  assert len(again) == 2 and all(
+      l.startswith("sync_replicas: worker1 at 127.0.0.1:") for l in again), again
+  gone = [r.getMessage() for r in caplog.records
+          if " is gone (worker_gone_secs" in r.getMessage()]
+  assert "accepts connections but does not answer" in gone[1], gone
