@@ -421,8 +421,11 @@ class GoneWatch:
           silent_before.get(key) != self._looks - 1):
         # A task that accepts connections but misses the read's bound may
         # only be starved of CPU (a loaded machine): declared only if the
-        # next look, a period and a fresh bounded read later, finds it
-        # silent too. A refused or unanswered connection is no such doubt.
+        # next look, a period later, finds it silent too: a fresh bounded
+        # read, or the first one still unanswered (``LocalStepReader``
+        # starts none beside it), which then has waited at least the read's
+        # bound, its thread's join and a period (3.25 s and more). A refused
+        # or unanswered connection is no such doubt.
         self._silent[key] = self._looks
         _LOG.info("sync_replicas: %s accepts connections but did not answer "
                   "the chief's read: it is looked at again before it is "
