@@ -272,7 +272,8 @@ class DataEnd:
       return tf.slice(steps, [0], tf.reshape(left, [1]))
 
   def initial_steps(self, steps, *, starts):
-    """``steps`` (the chief's initial tokens) cut on the job's first start.
+    """``steps`` (the chief's initial tokens) cut on the job's first start,
+    and on a later one with workers done or gone.
 
     Every worker's first push needs no token (its local step starts at the
     global step), so each worker brings its own right to push. Stock's
@@ -290,6 +291,22 @@ class DataEnd:
     whose ``chief_init_op`` clears the accumulators and so eats a first
     push that came before it: that worker then waits for a token (the
     hang tests/test_recovery.py's killed ps found).
+
+    Such a start with workers done or gone (``worker_gone_secs``) in the
+    record enqueues only what the live workers lack, at most stock's
+    count: a token for each live worker but the chief, whose first push
+    needs none (``tokens_per_step - done - 1``; without the ``- 1`` when
+    the chief's own input ended), as the release after each update gives
+    one per live worker. Stock's count there holds the done and gone
+    workers' tokens and one more, and each spare token lets a survivor
+    push twice for an update: often for the restarted chief's first,
+    which then goes without the chief's own push (slow to come from a new
+    process). With none done or gone the count stays stock's, one spare
+    token included. The survivors of a restart wait in their dequeue and
+    take these tokens first; one that does not yet (a worker that had not
+    pushed since) may find its token taken by the chief's first run,
+    which then pushes twice for the first update: the next release,
+    after the update that second push completes, gives it one.
     """
     with tf.compat.v1.name_scope("initial_count"):
       first = max(0, self.replicas_to_aggregate - self.total_num_replicas)
@@ -297,8 +314,16 @@ class DataEnd:
       # offset); the fill has at least one.
       pristine = tf.logical_and(starts <= 1,
                                 tf.equal(tf.reduce_max(steps), 0))
-      keep = tf.where(pristine, tf.minimum(tf.size(steps), first),
-                      tf.size(steps))
+      # Any other start: one token per live worker but the chief (see
+      # above), stock's count when none is done or gone. A chief whose own
+      # input ended pushes no more: then every live worker lacks one.
+      chief_pushes = tf.cast(tf.logical_not(tf.reduce_any(
+          tf.equal(self.done_keys[0], self.key))), tf.int32)
+      lacking = tf.maximum(
+          self.tokens_per_step - self.done_count - chief_pushes, 0)
+      later = tf.where(tf.equal(self.done_count, 0), tf.size(steps),
+                       tf.minimum(tf.size(steps), lacking))
+      keep = tf.where(pristine, tf.minimum(tf.size(steps), first), later)
       return tf.slice(steps, [0], tf.reshape(keep, [1]))
 
   def all_done(self, done):

@@ -7,6 +7,9 @@ trains until ``last_step`` and appends JSON lines to its ``out`` file
 test can follow it without parsing logs. The model is TF's linear toy plus a
 ``trace`` variable: each gradient adds 1 to cell (local step, task) when it
 is applied, which is how the test checks that only fresh gradients were.
+With ``count_pushes`` a sparse ``pushes`` variable also counts them, by
+generation, step and task: how many gradients of each worker an update
+took (``trace`` has only each worker's share of it).
 
 With ``shards`` (batches per worker) a worker trains until its one-pass
 input ends instead of to ``last_step`` (issue 36's ``data_end``): the input
@@ -129,6 +132,22 @@ def _shard_input(state, batches):
                               name="shard_input")
 
 
+def _push_count(label, task, workers, rows, generations):
+  """The gradient that adds 1 to cell (generation, step, task) of
+  ``pushes`` (rows of ``rows`` steps per generation, the last generation
+  also counting any later ones), at rate 1 and summed
+  (``sparse_reduction="sum"``): the generation and step of ``label``, the
+  generation-encoded local step the run pushes with, so that a restarted
+  chief's updates, which start again from its checkpoint's step, never
+  share a cell with its previous life's."""
+  generation = tf.minimum(tf.bitwise.right_shift(label, 32), generations - 1)
+  step = tf.bitwise.bitwise_and(label, STEP_MASK)
+  index = tf.cast(generation * rows + step, tf.int32)
+  return tf.IndexedSlices(-tf.reshape(tf.one_hot(task, workers), [1, workers]),
+                          tf.reshape(index, [1]),
+                          tf.constant([generations * rows, workers]))
+
+
 def _worker(spec):
   task, workers = spec["task"], len(spec["cluster"]["worker"])
   cluster = tf.train.ClusterSpec(spec["cluster"])
@@ -141,6 +160,14 @@ def _worker(spec):
     trace = tf.compat.v1.get_variable("trace", [rows, workers],
                                       initializer=tf.zeros_initializer())
     w = tf.compat.v1.get_variable("w", [4], initializer=tf.zeros_initializer())
+    # With ``count_pushes`` (G generations), also the count of every
+    # gradient an update applied: ``trace`` has each worker's share of an
+    # update, which cannot tell one push from two of the same worker.
+    generations = spec.get("count_pushes")
+    if generations:
+      pushes = tf.compat.v1.get_variable(
+          "pushes", [generations * rows, workers],
+          initializer=tf.zeros_initializer())
     # The step a gradient is labelled with lives in a worker-local variable
     # rather than a feed: MonitoredSession retries a run that hit a ps
     # failure in a recreated session, whose local step is re-initialized,
@@ -160,6 +187,9 @@ def _worker(spec):
     # lr 1 on -R * e[step, task]: the mean of R of them adds 1 per gradient.
     trace_grad = -replicas * tf.tensordot(tf.one_hot(step_cell, rows),
                                           tf.one_hot(task, workers), axes=0)
+    opt_kwargs = dict(spec.get("opt_kwargs", {}))
+    if generations:
+      opt_kwargs["sparse_reduction"] = "sum"  # Counts, not a mean.
     opt = sync_replicas.SyncReplicasOptimizer(
         tf.compat.v1.train.GradientDescentOptimizer(1.0),
         replicas_to_aggregate=replicas, total_num_replicas=workers,
@@ -167,8 +197,11 @@ def _worker(spec):
         # worker's local step, should the job wait for a worker.
         stall_log_secs=10 if shards is not None else None,
         # A test's own options (test_gone: worker_gone_secs).
-        **spec.get("opt_kwargs", {}))
+        **opt_kwargs)
     grads = [(trace_grad, trace), (tf.gradients(loss, w)[0], w)]
+    if generations:
+      grads.append((_push_count(label, task, workers, rows, generations),
+                    pushes))
     train_op = opt.apply_gradients(grads, global_step=global_step)
   is_chief = task == 0
   with tf.compat.v1.device("/job:worker/task:%d" % task):

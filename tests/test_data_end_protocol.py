@@ -282,11 +282,13 @@ def _data_end_record(workers, replicas):
   return ends
 
 
-@pytest.mark.parametrize("workers, replicas, first, release_after_one_done", [
-    (3, 3, 0, 2), (4, 2, 0, 3), (2, 4, 2, 3)],
+@pytest.mark.parametrize(
+    "workers, replicas, first, release_after_one_done, restart_after_one_done",
+    [(3, 3, 0, 2, 1), (4, 2, 0, 3, 2), (2, 4, 2, 3, 2)],
     ids=["plain", "backups", "multi_batch"])
 def test_token_counts_follow_the_workers_not_done(
-    graph, workers, replicas, first, release_after_one_done):
+    graph, workers, replicas, first, release_after_one_done,
+    restart_after_one_done):
   # A white-box check of the two cuts (release, initial fill) that
   # the protocol tests above only see through their timing.
   del graph
@@ -303,14 +305,27 @@ def test_token_counts_follow_the_workers_not_done(
   initial = [ends.initial_steps(at_zero, starts=tf.constant(1)),
              ends.initial_steps(at_zero, starts=tf.constant(2)),
              ends.initial_steps(steps, starts=tf.constant(1))]
+  # A restarted chief's fill of stock's count (get_init_tokens_op's -1:
+  # replicas_to_aggregate) stays stock's while no worker is done or gone;
+  # after that it is what the live workers but the chief lack (their
+  # release less the chief's first push, which needs no token), and what
+  # every live worker lacks once the chief's own input ended (``ends`` is
+  # the chief's: its key is the one ``announce`` records).
+  restart = ends.initial_steps(tf.fill([replicas], tf.constant(7, tf.int64)),
+                               starts=tf.constant(2))
   with tf.compat.v1.Session() as sess:
     assert len(sess.run(released)) == per_step
     assert [len(x) for x in sess.run(initial)] == [first, per_step,
                                                    per_step]
-    assert ends.announce(sess, batches=5) == 1
-    assert ends.announce(sess, batches=5) == 1, "a second announce counts"
+    assert len(sess.run(restart)) == replicas
+    ends.gone_marks.declare(sess, 99)  # Another worker, gone.
     assert len(sess.run(released)) == release_after_one_done
     assert ends.need(1) == min(replicas, per_step - 1)
+    assert len(sess.run(restart)) == restart_after_one_done
+    assert ends.announce(sess, batches=5) == 2
+    assert ends.announce(sess, batches=5) == 2, "a second announce counts"
+    assert len(sess.run(released)) == release_after_one_done - 1
+    assert len(sess.run(restart)) == min(replicas, per_step - 2)
 
 
 def _supervised_train(job, ready):
@@ -507,6 +522,26 @@ def _forget_the_workers_done(target, shared_name="sync_replicas_done"):
       return int(s.run(size))
 
 
+@contextlib.contextmanager
+def _pending_gradients(target):
+  """A callable: the fresh gradients ``w``'s accumulator holds (stock's
+  shared name, ours too), read from a graph of the test's own."""
+  graph = tf.Graph()
+  with graph.as_default(), tf.compat.v1.device("/job:ps/task:0"):
+    count = tf.compat.v1.ConditionalAccumulator(
+        tf.float32, shape=[2], shared_name="w:0/grad_accum").num_accumulated()
+  with tf.compat.v1.Session(target, graph=graph,
+                            config=support.session_config()) as sess:
+    yield lambda: int(sess.run(count))
+
+
+def _run_in_graph(job, session):
+  """One train run of ``job`` in ``session`` (a recovery builds a Scaffold
+  in the job's graph)."""
+  with job.graph.as_default():
+    return session.run(job.train_op)
+
+
 def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
   """Worker 2's input ends; the record on the ps is then emptied, as a
   restart of its task does. The chief's next session (MonitoredSession
@@ -531,21 +566,32 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
                        timeout=30, what="the chief to see worker 2 done")
     assert _forget_the_workers_done(jobs[0].target) == 0
     abort.ask()
-    # Aborts before the run; the recovered session runs it: a fresh push
-    # (the chief's local step is of its new generation) and one of the
-    # restarted chief's initial tokens.
-    with jobs[0].graph.as_default():  # The recovery builds a Scaffold.
-      sessions[0].run(jobs[0].train_op)
+    # Worker 1 pushes (at a step of the chief's previous generation, which
+    # the recovered chief's init clears) and waits in its dequeue, as the
+    # survivors of a restart do, for the one initial token it lacks.
+    stale = support.BoundedThread(sessions[1].run, jobs[1].train_op,
+                                  name="worker1-stale")
+    stale.start()
+    with _pending_gradients(jobs[1].target) as pending:
+      support.wait_until(lambda: pending() == 1, timeout=30,
+                         what="worker 1's push before the chief's recovery")
+    # The chief's run aborts; the recovered session runs it: a fresh push
+    # (the chief's local step is of its new generation), then it waits for
+    # the update's release.
+    chief = support.BoundedThread(_run_in_graph, jobs[0], sessions[0],
+                                  name="chief-recovered")
+    chief.start()
+    stale.finish()
     assert abort.raised
     assert any("put back worker2" in r.getMessage() for r in caplog.records)
     assert runner.data_end.seen_done() == {2: 1}
     # The recovered session initialized the model again (no checkpoint),
-    # as after a real ps restart without one: global step 0. Worker 1
-    # pushes once stale (its local step is of the chief's previous
-    # generation), then fresh: with worker 2 put back, that push completes
-    # the update (2 of 2 needed), which averages its and the chief's.
-    for _ in range(2):
-      support.run_concurrently([(sessions[1].run, jobs[1].train_op)])
+    # as after a real ps restart without one: global step 0. Worker 1's
+    # token is of the new generation: with worker 2 put back, its push
+    # completes the update (2 of 2 needed), which averages its and the
+    # chief's.
+    support.run_concurrently([(sessions[1].run, jobs[1].train_op)])
+    chief.finish()
     support.wait_until(lambda: _trained(cluster, 3)[0] == 1, timeout=30,
                        what="an update of 2 gradients")
     np.testing.assert_array_equal(_trained(cluster, 3)[1], [1, 1, 0])

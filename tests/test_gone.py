@@ -5,14 +5,20 @@ ps and workers are separate OS processes on 127.0.0.1 (``crash_task.py``,
 total_num_replicas = 3``. Everything is counted from the applied updates, on
 the ps: each gradient applied at step s by worker t lands in cell (s, t) of
 ``trace`` (``R / k`` for an update of k gradients), so a row's non-zero cells
-are the workers whose fresh gradient that update averaged.
+are the workers whose fresh gradient that update averaged; and adds 1 to
+cell (g, s, t) of ``pushes`` (g: the restart generation it was pushed in),
+so a row there says how many gradients of each worker that update took: a
+survivor's two pushes for one update are a 2 there, where ``trace`` shows
+them as one non-zero cell.
 """
 
 import logging
 import os
 import re
 import signal
+import socket
 import time
+import types
 
 import numpy as np
 import pytest
@@ -23,7 +29,9 @@ import sync_replicas
 import test_data_end_protocol
 import test_lost
 import test_recovery
+from sync_replicas import _diagnose
 from sync_replicas import _gone
+from sync_replicas import _lost
 from sync_replicas import _ports
 
 #: worker_gone_secs in these tests.
@@ -32,6 +40,14 @@ GONE_SECS = 2.0
 #: probe (at most 2 s connect plus a bounded read), the loop's switch to
 #: polling, and the next update.
 SLACK_SECS = 15.0
+#: Updates after a declaration that may still take a survivor's second
+#: push: the token released for the lost worker before its mark (the
+#: release before the declaration's look, and one in flight with it),
+#: used up by one push each, counted in an update or stale.
+TRANSIENT = 3
+#: Restart generations that ``pushes`` keeps apart (later ones share the
+#: last): the first chief's, and its restart with a recovered session or two.
+GENERATIONS = 4
 
 
 def _start(job):
@@ -67,6 +83,16 @@ def _gradients_per_update(job, until):
   return job.read_when_up("trace")[:until] != 0
 
 
+def _not_one_of_each(pushes, live):
+  """``[((generation, step), [gradients of each worker])]`` of the updates
+  in ``pushes`` (``{(generation, step): row of job's pushes}``) that did not
+  take exactly one gradient of each worker in ``live``, none of another's."""
+  want = np.zeros(3)
+  want[list(live)] = 1
+  return [(at, row.astype(int).tolist()) for at, row in sorted(pushes.items())
+          if not np.array_equal(row, want)]
+
+
 def _finish(job, tasks, timeout=150):
   deadline = time.monotonic() + timeout
   for task in tasks:
@@ -81,7 +107,8 @@ def _gone_job(tmp_path):
   jobs = []
 
   def make(**kwargs):
-    job = test_recovery.Job(tmp_path, workers=3, replicas=3, **kwargs)
+    job = test_recovery.Job(tmp_path, workers=3, replicas=3,
+                            count_pushes=GENERATIONS, **kwargs)
     job.base["opt_kwargs"] = {"worker_gone_secs": GONE_SECS}
     jobs.append(job)
     return job
@@ -94,7 +121,17 @@ def _gone_job(tmp_path):
 @pytest.mark.timeout(240)
 def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
     gone_job):
-  last_step = 60
+  """Worker 2 SIGKILLed for good: declared gone (refused), and the two
+  survivors train to the step limit, every update after the declaration's
+  transient taking exactly one gradient of each (counted push by push).
+
+  Until it is declared, the job either waits for worker 2's gradient (its
+  last token went to its killed run: seen on TensorFlow 2.21) or goes on,
+  a survivor pushing twice for each update with the token released for
+  worker 2 (its killed run's dequeue cancelled on the ps: seen on 2.15,
+  where it is declared by the quiet look, "updates went on without it").
+  """
+  last_step = 100
   job = _running_job(gone_job, last_step)
   support.wait_until(lambda: job.read("trace")[:, 2].sum() > 0, timeout=90,
                      what="worker 2's first applied gradient", interval=0.1)
@@ -112,16 +149,46 @@ def test_sigkilled_worker_is_declared_gone_and_the_job_reaches_its_limit(
       job.cluster["worker"][2]) in gone[0], gone
   assert "refuses connections" in gone[0], gone
   assert "updates now need 2 gradients (2 of 3 workers live)" in gone[0], gone
-  # Counted from the updates: after the kill, each averaged one fresh
-  # gradient of each of the two live workers, none of worker 2's.
-  rows = _gradients_per_update(job, last_step)
-  after = rows[killed_at + 1:]
-  assert not after[:, 2].any()
-  np.testing.assert_array_equal(after.sum(axis=1), 2)
+  declared_at = _declared_at(gone[0])
+  assert declared_at + TRANSIENT < last_step - 10, (
+      "trained too far before the declaration: %s" % gone[0])
+  # Counted from the updates, push by push: none of worker 2's after the
+  # kill; after the declaration, once the tokens released for worker 2
+  # before its mark are used up, exactly one fresh gradient of each
+  # survivor. A survivor's second push for an update fails this, where
+  # counting the workers with a share of the update would not.
+  pushes = job.read_when_up("pushes")
+  assert not pushes[1:].any(), "the chief started again: generation > 0"
+  assert not pushes[0, killed_at + 1:, 2].any(), pushes[0, killed_at + 1:]
+  wrong = _not_one_of_each(
+      {(0, s): pushes[0, s]
+       for s in range(declared_at + TRANSIENT, last_step)}, live=(0, 1))
+  assert not wrong, (
+      "updates after worker 2's declaration at step %d that did not take "
+      "one gradient of each live worker ((generation, step), gradients of "
+      "workers 0-2): %s" % (declared_at, wrong))
   # The stall lasted about worker_gone_secs, and the rest trained at speed.
   assert took < GONE_SECS + SLACK_SECS + (last_step - killed_at) * 0.5, took
-  print("killed at step %d; step %d reached %.1f s later" % (
-      killed_at, last_step, took))
+  print("killed at step %d, declared at step %d; step %d reached %.1f s "
+        "later; updates from the kill on (gradients of workers 0-2): %s" % (
+            killed_at, declared_at, last_step, took,
+            sorted(set(map(tuple, pushes[0, killed_at + 1:last_step]
+                           .astype(int).tolist())))))
+
+
+#: The global step when the chief declared a worker gone, from its line.
+_DECLARED = re.compile(r"the update to step (\d+) waits for it|"
+                       r"updates went on without it to step (\d+)")
+
+
+def _declared_at(line):
+  """The global step when ``line`` (the chief's "is gone" line) was
+  logged: the update it names waited at the step before it, or the updates
+  had gone on to it."""
+  found = _DECLARED.search(line)
+  assert found, line
+  waited, went_on = found.groups()
+  return int(waited) - 1 if waited else int(went_on)
 
 
 #: Under every TensorFlow, what these process-cluster tests add is proven
@@ -267,12 +334,15 @@ def test_killed_chief_keeps_the_mark_of_a_worker_gone_for_good(gone_job):
   mark lives in the record on the ps, not in the chief: the restarted chief
   reads it back (one line naming worker 1), declares nobody gone again, and
   its updates need the two live workers' gradients from the first one, so
-  no update waits worker_gone_secs for worker 1 again. Counted from the
-  updates the restarted chief applied (every row from the step it restored
-  on): each averaged two gradients (cells of R / 2 = 1.5, or 3.0 where one
-  survivor pushed twice: its initial tokens are stock's R, one more than
-  the two live workers take per update), none of worker 1's, and the job
-  reaches its step limit.
+  no update waits worker_gone_secs for worker 1 again. Its initial tokens
+  are what the live workers lack (one: worker 2's; the chief's first push
+  needs none), not stock's R, whose two spare tokens let worker 2 push two
+  or three times for the restarted chief's first update, often without the
+  chief's push, and twice for some later ones. Counted push by push from
+  the updates the restarted chief applied (every update of its restart
+  generations, from the step it restored on): each took exactly one
+  gradient of the chief and one of worker 2, none of worker 1's, and the
+  job reaches its step limit.
   """
   last_step = 120
   job = _running_job(gone_job, last_step)
@@ -285,6 +355,7 @@ def test_killed_chief_keeps_the_mark_of_a_worker_gone_for_good(gone_job):
   killed_at = job.wait_step(gone_at + 6)
   assert killed_at < last_step - 30, "trained too far before the kill"
   first_life = len(job.log("worker", 0))
+  first_records = len(job.records("worker", 0))
   job.kill("worker", 0)
   job.start("worker", 0)
   job.wait_ready("worker", 0, count=2, timeout=90)
@@ -303,28 +374,28 @@ def test_killed_chief_keeps_the_mark_of_a_worker_gone_for_good(gone_job):
   assert restored, second[-4000:]
   final = int(job.read_when_up("global_step"))
   assert final >= last_step
-  rows = job.read_when_up("trace")[restored[0]:final]
-  assert not rows[:, 1].any(), rows
-  assert rows[:, 0].any() and rows[:, 2].any(), rows
-  np.testing.assert_allclose(rows.sum(axis=1), 3.0)
-  # Every update after the first needed two gradients and took two: cells
-  # of R / 2, or R where one survivor pushed twice (the restarted chief is
-  # slow in its first steps, and the token queue is shared). Needing three
-  # (the mark lost), they would take three: cells of 1 and 2. The first
-  # update may take more than it needs: the chief's first push needs no
-  # token, its initial tokens (stock's R, all for the restored step) let a
-  # survivor push up to R times for it, and a take averages every gradient
-  # there (one run's took 4: cells 0.75 and 2.25).
-  later = rows[1:]
-  cells = set(np.round(later[later != 0], 3).tolist())
-  assert cells <= {1.5, 3.0}, (
-      "an update after the restarted chief's first averaged other than two "
-      "gradients: cells %s" % sorted(cells))
-  twice = restored[0] + 1 + np.flatnonzero((later == 3.0).any(axis=1))
-  print("worker 1 gone at step %d; chief killed at %d, restored %d; its "
-        "first update's cells %s; updates to steps %s averaged one "
-        "survivor's two" % (gone_at, killed_at, restored[0],
-                            rows[0].tolist(), (twice + 1).tolist()))
+  # The restarted chief's generation: its first session's local step
+  # carries it (crash_task's ``session`` event).
+  sessions = [r["label"] for r in job.records("worker", 0)[first_records:]
+              if r["event"] == "session"]
+  assert sessions, job.records("worker", 0)[first_records:]
+  generation = sessions[0] >> 32
+  assert generation >= 1, sessions
+  pushes = job.read_when_up("pushes")
+  later = {(g, s): pushes[g, s]
+           for g in range(min(generation, GENERATIONS - 1), GENERATIONS)
+           for s in np.flatnonzero(pushes[g].any(axis=1)).tolist()}
+  missing = sorted(set(range(restored[0], final)) - {s for _, s in later})
+  assert not missing, "no applied update counted at steps %s" % missing
+  wrong = _not_one_of_each(later, live=(0, 2))
+  assert not wrong, (
+      "the restarted chief's updates (it restored step %d) that did not "
+      "take one gradient of the chief and one of worker 2 ((generation, "
+      "step), gradients of workers 0-2): %s" % (restored[0], wrong))
+  print("worker 1 gone at step %d; chief killed at %d, restored %d "
+        "(generation %d); %d updates after it, each one gradient of the "
+        "chief's and one of worker 2's" % (
+            gone_at, killed_at, restored[0], generation, len(later)))
 
 
 def test_a_restarted_chief_says_which_gone_marks_it_read_back(caplog):
@@ -354,7 +425,8 @@ def test_a_restarted_chief_says_which_gone_marks_it_read_back(caplog):
     assert len(lines()) == 1, lines()
     abort.ask()
     # Aborted before the run; the recovered session runs it: a push and
-    # one of that new chief start's initial tokens (stock's R).
+    # the one initial token of that new chief start (worker 2 is gone:
+    # what worker 1 lacks; the chief's own first push needs none).
     sess.run(chief.train_op)
     assert abort.raised
   assert lines() == [
@@ -470,3 +542,105 @@ def test_stall_line_lists_the_gone_workers_apart_from_the_done_ones():
   assert steps.startswith(
       "workers' local steps: worker0 7 (done), worker1 6, key 2 5 (gone); "
       "every push from worker1 is stale"), steps
+
+
+class _Looks:
+  """A coordinator for ``GoneWatch.run`` that stops after ``looks`` looks."""
+
+  def __init__(self, looks):
+    self.left = looks
+
+  def wait_for_stop(self, timeout):
+    del timeout
+    self.left -= 1
+    return self.left < 0
+
+  def should_stop(self):
+    return False
+
+
+class _Record:
+  """The chief's side of the done record, as ``GoneWatch`` uses it: the
+  global step never moves, every worker's local step neither, and a
+  declaration marks the worker gone there (which the next look reads)."""
+
+  total_num_replicas = 3
+  key = 0  # The chief's.
+
+  def __init__(self, addresses, reader):
+    self.devices = _lost.key_devices("/job:worker/task:0", 3)
+    self.record, self.declared = {}, []
+    self._reader = reader
+    self.local_steps = types.SimpleNamespace(
+        read_addresses=lambda sess: dict(addresses))
+    self.gone_marks = types.SimpleNamespace(read=self._read,
+                                            declare=self._declare)
+
+  def _read(self, sess, global_step):
+    del sess, global_step
+    return 7, dict(self.record), {0: 7, 1: 7, 2: 7}
+
+  def _declare(self, sess, key):
+    del sess
+    self.record[key] = _gone.GONE
+    self.declared.append((key, self._reader.reads))
+
+  def need(self, out):
+    return max(0, min(3, 3 - out))
+
+
+class _Reads:
+  """Worker 1's local step as the chief's bounded reads find it, one
+  answer per look: None is a read that missed its bound."""
+
+  spec = types.SimpleNamespace(device="/job:worker/task:0")
+
+  def __init__(self, answers):
+    self._answers = list(answers)
+    self.reads = 0
+
+  def read(self, target, devices, *, config=None):
+    del target, config
+    assert devices == ["/job:worker/replica:0/task:1"], devices
+    self.reads += 1
+    step = self._answers.pop(0)
+    return [_diagnose.LocalStep(devices[0], step,
+                                None if step is not None else "unreachable")]
+
+
+def test_a_task_that_misses_one_read_is_looked_at_again_before_it_is_gone(
+    caplog):
+  """Worker 1's task accepts connections (a listening socket) but its read
+  misses the bound at the first look that probes it, as a live task
+  starved of CPU can: not declared gone there; it answers at the second;
+  it misses two reads in a row (the third and fourth): declared gone at
+  the fourth. Worker 2's task refuses connections: declared gone at the
+  first, with no second look. The global step never moves, and the clock
+  is 10 s ahead at each look: every look from the second on is past
+  worker_gone_secs, and probes."""
+  caplog.set_level(logging.INFO, logger="sync_replicas")
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(8)
+  closed = "127.0.0.1:%d" % _ports.free_ports(1)[0]
+  try:
+    reads = _Reads([None, 7, None, None])
+    record = _Record({1: "127.0.0.1:%d" % listening.getsockname()[1],
+                      2: closed}, reads)
+    ticks = iter(range(0, 1000, 10))
+    watch = _gone.GoneWatch(GONE_SECS, ends=record, global_step=None,
+                            reader=reads, clock=lambda: float(next(ticks)))
+    watch.run(types.SimpleNamespace(sess_str="grpc://127.0.0.1:1"),
+              _Looks(5))
+  finally:
+    listening.close()
+  # (key, the reads of worker 1 made by then): worker 2 at the first
+  # probing look; worker 1 at its fourth read, the second silent in a row.
+  assert record.declared == [(2, 1), (1, 4)], record.declared
+  again = [r.getMessage() for r in caplog.records
+           if "looked at again" in r.getMessage()]
+  assert len(again) == 2 and all(
+      l.startswith("sync_replicas: worker1 at 127.0.0.1:") for l in again), again
+  gone = [r.getMessage() for r in caplog.records
+          if " is gone (worker_gone_secs" in r.getMessage()]
+  assert "accepts connections but does not answer" in gone[1], gone

@@ -43,7 +43,7 @@ class Job:
   """A cluster of task processes, and a reader session on the ps."""
 
   def __init__(self, tmp_path, *, workers, replicas, last_step, delay=0.03,
-               ps=1, shards=None, hosts=None):
+               ps=1, shards=None, hosts=None, count_pushes=0):
     # With ``hosts`` (emulated hosts, sync_replicas/cli/_hosts.py, one per
     # task: the ps tasks first), every task listens on 2222 of its own host.
     self._hosts = hosts
@@ -60,6 +60,9 @@ class Job:
                  "checkpoint_dir": str(tmp_path / "ckpt"),
                  "hold_file": str(tmp_path / "hold"),
                  "op_timeout_ms": OP_TIMEOUT_MS, "shards": shards}
+    if count_pushes:
+      # crash_task's ``pushes``, kept apart for this many generations.
+      self.base["count_pushes"] = count_pushes
     self.procs = {}
     self._reserved = {}
     self.rows = last_step + 64
@@ -146,6 +149,10 @@ class Job:
               cluster=tf.train.ClusterSpec(self.cluster))):
         gs = tf.compat.v1.train.get_or_create_global_step()
         trace = tf.compat.v1.get_variable("trace", [self.rows, self.workers])
+        generations = self.base.get("count_pushes") or 1
+        tf.compat.v1.get_variable("w", [4])  # Placed as the tasks' is.
+        pushes = tf.compat.v1.get_variable(
+            "pushes", [generations * self.rows, self.workers])
       with graph.as_default(), tf.compat.v1.device("/job:ps/task:0"):
         tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=(),
                                     shared_name="sync_token_q").size()
@@ -153,15 +160,20 @@ class Job:
                                         device_filters=["/job:ps"])
       sess = tf.compat.v1.Session("grpc://" + self.cluster["ps"][0],
                                   graph=graph, config=config)
-      self._reader = (sess, gs, trace, tokens)
+      self._reader = (sess, {"global_step": gs, "trace": trace,
+                             "tokens": tokens, "pushes": pushes})
     return self._reader
 
   def read(self, what):
-    """Reads ``global_step``, ``trace`` or ``tokens``; None while down."""
-    sess, gs, trace, tokens = self._session()
+    """Reads ``global_step``, ``trace``, ``tokens`` or (with
+    ``count_pushes``) ``pushes`` (by generation, step and task); None while
+    down."""
+    sess, tensors = self._session()
     try:
-      return sess.run({"global_step": gs, "trace": trace,
-                       "tokens": tokens}[what])
+      value = sess.run(tensors[what])
+      if what == "pushes":
+        return value.reshape([-1, self.rows, self.workers])
+      return value
     except (tf.errors.FailedPreconditionError,
             tf.errors.DeadlineExceededError):
       return None
