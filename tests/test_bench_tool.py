@@ -12,6 +12,7 @@ import collections
 import itertools
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -594,6 +595,35 @@ def test_render_prints_a_saved_runs_report_and_the_docs_tables_are_it():
 
 
 @pytest.mark.version_independent
+def test_render_splits_each_cells_cpu_per_update_by_process(monkeypatch,
+                                                            capsys):
+  status, out, _ = _render(monkeypatch, capsys, PEERS_RUN)
+  assert status == 0
+  part = out.split("CPU ms per update, by process", 1)[1].splitlines()
+  rows = [line for line in part if line.startswith("| ")]
+  assert rows[0] == "| model | W | impl | ps0 | worker0 | worker1 | sum |"
+  # Every model and implementation of the run, each process's median over
+  # the repetitions (computed here from the raw runs), and their sum.
+  runs = _rows(PEERS_RUN)
+  assert len(rows) - 1 == len({(r["scenario"], r["impl"]) for r in runs})
+  for model, workers, impl, *cells, total in (
+      row.strip("| ").split(" | ") for row in rows[1:]):
+    by_task = collections.defaultdict(list)
+    for r in runs:
+      if (r["scenario"], str(r["workers"]), r["impl"]) == (model, workers,
+                                                           impl):
+        for task, ms in r["metrics"]["task_cpu_ms_per_update"].items():
+          by_task[task].append(ms)
+    medians = {t: sum(ms) / len(ms) for t, ms in by_task.items()}  # Of 2.
+    assert all(len(ms) == 2 for ms in by_task.values()), by_task
+    assert cells == ["%.2f" % medians[t] if t in medians else "-"
+                     for t in ("ps0", "worker0", "worker1")], (model, impl)
+    assert float(total) == pytest.approx(sum(medians.values()), abs=0.006)
+    # A peer has no ps; every ps implementation has one.
+    assert (cells[0] == "-") == impl.startswith("mwms"), (model, impl)
+
+
+@pytest.mark.version_independent
 def test_render_merges_saved_runs_into_one_report(tmp_path, monkeypatch,
                                                   capsys):
   runs = _rows(PEERS_RUN)
@@ -614,13 +644,18 @@ def test_render_merges_saved_runs_into_one_report(tmp_path, monkeypatch,
   status, out, err = _render(monkeypatch, capsys, PEERS_RUN, later)
   assert status == 0 and not err, err
   lines = out.splitlines()
-  for head in ("| model | W | stock | ours | mwms |",):
+  for head in ("| model | W | stock | ours | mwms |",
+               "| model | W | impl |"):
     start = next(i for i, line in enumerate(lines) if line.startswith(head))
     table = list(itertools.takewhile(lambda line: line.startswith("|"),
                                      lines[start:]))
     models = [tuple(line.split(" | ")[:2]) for line in table[2:]]
     assert models.index(("| many", "2")) < models.index(("| many", "4")) < (
         models.index(("| flat", "2"))), table
+  ps0 = "| many | 4 | ours | %.2f | " % statistics.median(
+      r["metrics"]["task_cpu_ms_per_update"]["ps0"] for r in runs
+      if (r["scenario"], r["impl"]) == ("many", "ours"))
+  assert any(line.startswith(ps0) for line in lines), out
 
 
 def _render_error_case(case, tmp_path):

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import statistics
 
 from _bench_protocol import ALL_IMPLS
@@ -333,16 +334,31 @@ def peers_table(summary):
   for e in cells:
     lines.append("| %s | %d | %s |" % (e["scenario"], e["workers"], " | ".join(
         _fmt(e.get("%s_updates_per_cpu_s" % i), "%.1f") for i in impls)))
+  split = [(e, i, e["%s_task_cpu_ms_per_update" % i]) for e in cells
+           for i in impls if e.get("%s_task_cpu_ms_per_update" % i)]
+  if not split:
+    return lines
+  # One column per process of any cell (a peer has no ps; W = 4 has two
+  # workers more than W = 2), and their sum: the whole job's CPU per update
+  # split, so a lever's "before and after" reads along a column.
+  tasks = sorted({t for _, _, by_task in split for t in by_task},
+                 key=_task_order)
   lines += ["", "CPU ms per update, by process (worker0 is the chief; "
-            "medians):", ""]
-  for e in cells:
-    for i in impls:
-      by_task = e.get("%s_task_cpu_ms_per_update" % i)
-      if by_task:
-        lines.append("%s W=%d %s: %s" % (
-            e["scenario"], e["workers"], i, ", ".join(
-                "%s %.2f" % kv for kv in by_task.items())))
+            "medians), and their sum:", "",
+            "| model | W | impl | " + " | ".join(tasks) + " | sum |",
+            "|---|---|---|" + "---|" * (len(tasks) + 1)]
+  for e, i, by_task in split:
+    lines.append("| %s | %d | %s | %s | %.2f |" % (
+        e["scenario"], e["workers"], i,
+        " | ".join(_fmt(by_task.get(t)) for t in tasks),
+        sum(by_task.values())))
   return lines
+
+
+def _task_order(task):
+  """``ps0`` before ``worker0``, ``worker2`` before ``worker10``."""
+  job, index = re.fullmatch(r"(\D+)(\d+)", task).groups()
+  return job != "ps", job, int(index)
 
 
 def table(summary):
