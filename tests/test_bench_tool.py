@@ -9,8 +9,10 @@ report's statistics (tools/bench_report.py) and the protocol's messages
 """
 
 import collections
+import itertools
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 
@@ -538,3 +540,220 @@ def test_the_bench_ps_starts_its_server_with_the_ps_config():
                                    task=0, ps_config=text)
   assert _bench_protocol.serve_spec(
       _bench_protocol.serve_argument(spec)) == spec
+
+
+#: A saved peers run (runs.jsonl as tools/bench wrote it), committed with
+#: docs/benchmarks.md's tables of it.
+PEERS_RUN = ROOT / "docs" / "peers" / "after-2026-11-28.jsonl"
+
+
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _render(monkeypatch, capsys, *paths):
+  """``tools/bench --render paths``: (exit status, stdout, stderr)."""
+  bench = support.load_tool("bench")
+
+  def no_cluster(*_, **__):
+    raise AssertionError("--render started a cluster or a run")
+
+  monkeypatch.setattr(bench._bench_pool, "Pool", no_cluster)
+  monkeypatch.setattr(bench._bench_pool, "run_once", no_cluster)
+  status = bench.main(["--render", *map(str, paths)])
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+@pytest.mark.version_independent
+def test_render_prints_a_saved_runs_report_and_the_docs_tables_are_it():
+  # The command docs/benchmarks.md gives, as a user runs it.
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "bench"), "--render",
+       str(PEERS_RUN.relative_to(ROOT))], cwd=ROOT, capture_output=True,
+      text=True, timeout=60, check=False)
+  assert proc.returncode == 0 and not proc.stderr, proc.stderr
+  summary = bench_report.summarize(_rows(PEERS_RUN))
+  assert proc.stdout == bench_report.table(summary) + "\n"
+  # The doc's two peers tables of this run (updates/s with each one's ratio
+  # to the better MWMS and its bracket; updates per CPU-second) are lines
+  # of the render, header to last row.
+  section = (ROOT / "docs" / "benchmarks.md").read_text().split(
+      "### The peers table after the levers", 1)[1].split(
+          "Before and after, per model", 1)[0]
+  assert ("tools/bench --render docs/peers/after-2026-11-28.jsonl"
+          in section), section[:2000]
+  doc_rows = [line for line in section.splitlines() if line.startswith("|")]
+  assert len(doc_rows) == 2 * (2 + 7), doc_rows  # 7 models at W = 2.
+  lines = proc.stdout.splitlines()
+  assert [row for row in doc_rows if row not in lines] == [], proc.stdout
+
+
+@pytest.mark.version_independent
+def test_render_splits_each_cells_cpu_per_update_by_process(monkeypatch,
+                                                            capsys):
+  status, out, _ = _render(monkeypatch, capsys, PEERS_RUN)
+  assert status == 0
+  part = out.split("CPU ms per update, by process", 1)[1].splitlines()
+  rows = [line for line in part if line.startswith("| ")]
+  assert rows[0] == "| model | W | impl | ps0 | worker0 | worker1 | sum |"
+  # Every model and implementation of the run, each process's median over
+  # the repetitions (computed here from the raw runs), and their sum.
+  runs = _rows(PEERS_RUN)
+  assert len(rows) - 1 == len({(r["scenario"], r["impl"]) for r in runs})
+  for model, workers, impl, *cells, total in (
+      row.strip("| ").split(" | ") for row in rows[1:]):
+    by_task = collections.defaultdict(list)
+    for r in runs:
+      if (r["scenario"], str(r["workers"]), r["impl"]) == (model, workers,
+                                                           impl):
+        for task, ms in r["metrics"]["task_cpu_ms_per_update"].items():
+          by_task[task].append(ms)
+    medians = {t: sum(ms) / len(ms) for t, ms in by_task.items()}  # Of 2.
+    assert all(len(ms) == 2 for ms in by_task.values()), by_task
+    assert cells == ["%.2f" % medians[t] if t in medians else "-"
+                     for t in ("ps0", "worker0", "worker1")], (model, impl)
+    assert float(total) == pytest.approx(sum(medians.values()), abs=0.006)
+    # A peer has no ps; every ps implementation has one.
+    assert (cells[0] == "-") == impl.startswith("mwms"), (model, impl)
+
+
+@pytest.mark.version_independent
+def test_render_merges_saved_runs_into_one_report(tmp_path, monkeypatch,
+                                                  capsys):
+  runs = _rows(PEERS_RUN)
+  first = {"small", "medium", "mlp"}
+  part_a = _write(tmp_path / "a.jsonl",
+                  [r for r in runs if r["scenario"] in first])
+  part_b = _write(tmp_path / "b.jsonl",
+                  [r for r in runs if r["scenario"] not in first])
+  whole = _render(monkeypatch, capsys, PEERS_RUN)
+  assert whole[0] == 0
+  # Two files of one run's cells are that run's report, in either order.
+  assert _render(monkeypatch, capsys, part_a, part_b) == whole
+  assert _render(monkeypatch, capsys, part_b, part_a) == whole
+  # A later run at W = 4 (here: the many model's runs again, as W = 4)
+  # joins the W = 2 one's tables, each model's W = 4 row after its W = 2.
+  later = _write(tmp_path / "w4.jsonl",
+                 [dict(r, workers=4) for r in runs if r["scenario"] == "many"])
+  status, out, err = _render(monkeypatch, capsys, PEERS_RUN, later)
+  assert status == 0 and not err, err
+  lines = out.splitlines()
+  for head in ("| model | W | stock | ours | mwms |",
+               "| model | W | impl |"):
+    start = next(i for i, line in enumerate(lines) if line.startswith(head))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"),
+                                     lines[start:]))
+    models = [tuple(line.split(" | ")[:2]) for line in table[2:]]
+    assert models.index(("| many", "2")) < models.index(("| many", "4")) < (
+        models.index(("| flat", "2"))), table
+  ps0 = "| many | 4 | ours | %.2f | " % statistics.median(
+      r["metrics"]["task_cpu_ms_per_update"]["ps0"] for r in runs
+      if (r["scenario"], r["impl"]) == ("many", "ours"))
+  assert any(line.startswith(ps0) for line in lines), out
+
+
+def _render_error_case(case, tmp_path):
+  """The --render arguments of ``case``, and what its error must say."""
+  runs = _rows(PEERS_RUN)
+  copy = tmp_path / "copy.jsonl"
+  if case == "missing":
+    return [tmp_path / "nothing.jsonl"], [
+        "no such file: %s" % (tmp_path / "nothing.jsonl"),
+        "runs/bench/runs.jsonl"]
+  if case == "folder":
+    return [tmp_path], ["%s is a folder: give the runs.jsonl in it (%s)" % (
+        tmp_path, tmp_path / "runs.jsonl")]
+  if case == "empty":
+    (tmp_path / "runs.jsonl").write_text("")
+    return [tmp_path / "runs.jsonl"], ["holds no runs",
+                                       "a bench that ran"]
+  if case == "table_txt":
+    (tmp_path / "table.txt").write_text(bench_report.table(
+        bench_report.summarize(runs)))
+    return [tmp_path / "table.txt"], ["table.txt line 1 is not JSON",
+                                      "one JSON object a line"]
+  if case == "summary_jsonl":
+    _write(tmp_path / "summary.jsonl", bench_report.summarize(runs))
+    return [tmp_path / "summary.jsonl"], [
+        "summary.jsonl line 1 has no impl, rep, metrics",
+        "give the runs.jsonl beside it"]
+  if case == "records_jsonl":
+    _write(tmp_path / "records.jsonl", [
+        {k: r[k] for k in ("scenario", "workers", "impl", "rep")}
+        | {"records": []} for r in runs])
+    return [tmp_path / "records.jsonl"], [
+        "records.jsonl line 1 has no metrics", "tasks/records.jsonl",
+        "the folder above it"]
+  if case == "linkcost":
+    linkcost = ROOT / "docs" / "linkcost" / "mlp-200mbit.jsonl"
+    return [linkcost], ["%s line 1 is a run of tools/linkcost" % linkcost,
+                        "tools/linkcost --render"]
+  if case == "edited":
+    _write(copy, runs[:5] + [dict(runs[5], workers="2")] + runs[6:])
+    return [copy], ['copy.jsonl line 6 has workers "2", where tools/bench '
+                    "writes an int, 1 or more"]
+  if case == "two_runs_in_one_file":
+    _write(copy, runs + runs)
+    return [copy], ["copy.jsonl line 113 and line 1 are both the run of "
+                    "mlp at W = 2, stock, repetition 0",
+                    "give them to --render as two files"]
+  if case == "a_cell_in_two_files":
+    _write(copy, [r for r in runs if r["scenario"] == "flat"])
+    return [PEERS_RUN, copy], [
+        "%s and %s both hold runs of flat at W = 2" % (PEERS_RUN, copy),
+        "render the files apart"]
+  if case == "a_file_twice":
+    return [PEERS_RUN, PEERS_RUN], ["%s is given twice" % PEERS_RUN]
+  later = [dict(r, workers=4) for r in runs]
+  if case == "a_name_with_other_options":
+    for r in later:
+      if r["impl"] == "fused_packed":
+        r["options"] = {"fuse_dense_gradients": True}
+    _write(copy, later)
+    return [PEERS_RUN, copy], [
+        "'fused_packed' has options {\"fuse_dense_gradients\": true, "
+        "\"pack_variable_reads\": true} in %s but {\"fuse_dense_gradients\": "
+        "true} in %s" % (PEERS_RUN, copy), "render the files apart"]
+  assert case == "stock_on_another_ps_config", case
+  for r in later:
+    if r["impl"] == "stock":
+      r["ps_config"] = "inter_op_parallelism_threads: 1"
+  _write(copy, later)
+  return [PEERS_RUN, copy], ["'stock' has ps_config null in %s but "
+                             "\"inter_op_parallelism_threads: 1\" in %s" % (
+                                 PEERS_RUN, copy)]
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("case", [
+    "missing", "folder", "empty", "table_txt", "summary_jsonl",
+    "records_jsonl", "linkcost", "edited", "two_runs_in_one_file",
+    "a_cell_in_two_files", "a_file_twice", "a_name_with_other_options",
+    "stock_on_another_ps_config"])
+def test_render_refuses_what_is_not_a_run_or_cannot_merge(
+    case, tmp_path, monkeypatch, capsys):
+  paths, said = _render_error_case(case, tmp_path)
+  status, out, err = _render(monkeypatch, capsys, *paths)
+  assert (status, out) == (2, ""), out
+  assert err.startswith("bench --render: ") and err.count("\n") == 1, err
+  assert [s for s in said if s not in err] == [], err
+
+
+@pytest.mark.version_independent
+def test_render_refuses_the_options_of_a_run(capsys):
+  bench = support.load_tool("bench")
+  for argv, said in (
+      (["--quick"], "so --quick would do nothing: drop it"),
+      (["--reps", "5", "--out", "x"],
+       "so --reps and --out would do nothing: drop them")):
+    with pytest.raises(SystemExit) as exit_info:
+      bench.main(["--render", str(PEERS_RUN), *argv])
+    assert exit_info.value.code == 2
+    assert ("--render prints the report of saved runs and runs nothing, "
+            + said) in capsys.readouterr().err

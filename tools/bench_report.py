@@ -4,10 +4,11 @@ Owns the benchmark's method once it has the workers' records: the measured
 window of one run and its metrics (``metrics``), the medians over
 repetitions and the median of per-repetition ratios (``summarize``), the
 sign-test interval of that median and its verdict (``median_interval``,
-``verdict``), and their presentation (``table``, ``plot``). No process,
-no TensorFlow: tests import it directly, and so can any tool that wants the
-same statistics (tools/stats_overhead.py does). Import it with tools/ on
-``sys.path``::
+``verdict``), their presentation (``table``, ``plot``), and reading saved
+runs back for that presentation (``read_runs``: tools/bench --render). No
+process, no TensorFlow: tests import it directly, and so can any tool that
+wants the same statistics (tools/stats_overhead.py does). Import it with
+tools/ on ``sys.path``::
 
   sys.path.insert(0, "tools")
   import bench_report
@@ -20,8 +21,11 @@ so a median ratio is only called slower or faster when the whole interval
 of that median is on one side of 1.0.
 """
 
+import json
 import math
 import os
+import pathlib
+import re
 import statistics
 
 from _bench_protocol import ALL_IMPLS
@@ -330,16 +334,31 @@ def peers_table(summary):
   for e in cells:
     lines.append("| %s | %d | %s |" % (e["scenario"], e["workers"], " | ".join(
         _fmt(e.get("%s_updates_per_cpu_s" % i), "%.1f") for i in impls)))
+  split = [(e, i, e["%s_task_cpu_ms_per_update" % i]) for e in cells
+           for i in impls if e.get("%s_task_cpu_ms_per_update" % i)]
+  if not split:
+    return lines
+  # One column per process of any cell (a peer has no ps; W = 4 has two
+  # workers more than W = 2), and their sum: the whole job's CPU per update
+  # split, so a lever's "before and after" reads along a column.
+  tasks = sorted({t for _, _, by_task in split for t in by_task},
+                 key=_task_order)
   lines += ["", "CPU ms per update, by process (worker0 is the chief; "
-            "medians):", ""]
-  for e in cells:
-    for i in impls:
-      by_task = e.get("%s_task_cpu_ms_per_update" % i)
-      if by_task:
-        lines.append("%s W=%d %s: %s" % (
-            e["scenario"], e["workers"], i, ", ".join(
-                "%s %.2f" % kv for kv in by_task.items())))
+            "medians), and their sum:", "",
+            "| model | W | impl | " + " | ".join(tasks) + " | sum |",
+            "|---|---|---|" + "---|" * (len(tasks) + 1)]
+  for e, i, by_task in split:
+    lines.append("| %s | %d | %s | %s | %.2f |" % (
+        e["scenario"], e["workers"], i,
+        " | ".join(_fmt(by_task.get(t)) for t in tasks),
+        sum(by_task.values())))
   return lines
+
+
+def _task_order(task):
+  """``ps0`` before ``worker0``, ``worker2`` before ``worker10``."""
+  job, index = re.fullmatch(r"(\D+)(\d+)", task).groups()
+  return job != "ps", job, int(index)
 
 
 def table(summary):
@@ -466,3 +485,162 @@ def plot(summary, path):
   plt.close(fig)
   return True
 
+
+
+#: What the report reads of every line of runs.jsonl.
+RUN_KEYS = ("scenario", "workers", "impl", "rep", "metrics")
+
+
+class RunsFileError(ValueError):
+  """Saved runs that cannot be read back, or not merged into one report."""
+
+
+def read_runs(paths):
+  """The runs of one or more saved runs.jsonl files, as one list of rows.
+
+  Several files make one report (a W = 2 run and a later W = 4 run) when
+  every (scenario, W) cell comes from one file, because a cell's ratios pair
+  its implementations' runs of one repetition, which only one bench ran
+  interleaved; and when an implementation's name stands for one build
+  (options, ps config) in all of them, because it is one column.
+
+  Args:
+    paths: runs.jsonl files, as tools/bench writes them into its --out.
+
+  Returns:
+    Their rows, file by file, as ``summarize`` takes them.
+
+  Raises:
+    RunsFileError: A file is missing or is not a runs.jsonl of tools/bench,
+      or files disagree: a cell in two of them, one name built two ways.
+  """
+  rows = []
+  cells = {}  # (scenario, W): the file that holds it.
+  builds = {}  # (impl, "options" or "ps_config"): (value, the file).
+  for path in map(pathlib.Path, paths):
+    own = _read_runs_file(path)
+    for row in own:
+      cell = (row["scenario"], row["workers"])
+      if cells.get(cell, path) != path:
+        raise RunsFileError(
+            "%s and %s both hold runs of %s at W = %d: a cell's ratios pair "
+            "its implementations' runs of one repetition, interleaved by "
+            "one bench, and would pair runs of two; render the files apart, "
+            "or remove the cell's lines from one of them" % (
+                cells[cell], path, *cell))
+      for field in _build_fields(row):
+        value, first = builds.setdefault((row["impl"], field),
+                                         (row[field], path))
+        if value != row[field]:
+          raise RunsFileError(
+              "%r has %s %s in %s but %s in %s: one column of the merged "
+              "report would mix two builds; render the files apart" % (
+                  row["impl"], field, json.dumps(value, sort_keys=True),
+                  first, json.dumps(row[field], sort_keys=True), path))
+    if any(cells.get((r["scenario"], r["workers"])) == path for r in own):
+      raise RunsFileError("%s is given twice: give each file once" % path)
+    cells.update({(r["scenario"], r["workers"]): path for r in own})
+    rows += own
+  return rows
+
+
+def _build_fields(row):
+  """The fields of ``row`` that say how its implementation was built: its
+  ps config, and for ours and a variant its options (stock, async and a
+  peer take none; rows of a bench older than a field lack it)."""
+  fields = ["ps_config"]
+  if row["impl"] == "ours" or row["impl"] not in ALL_IMPLS:
+    fields.append("options")
+  return [f for f in fields if f in row]
+
+
+def _read_runs_file(path):
+  """One runs.jsonl's rows, each checked to be a run; RunsFileError if not."""
+  if path.is_dir():
+    raise RunsFileError("%s is a folder: give the runs.jsonl in it (%s)" % (
+        path, path / "runs.jsonl"))
+  try:
+    text = path.read_text()
+  except FileNotFoundError:
+    raise RunsFileError(
+        "no such file: %s (tools/bench writes runs.jsonl into its --out "
+        "folder, e.g. runs/bench/runs.jsonl)" % path) from None
+  except UnicodeDecodeError:
+    raise RunsFileError(
+        "%s is not text, so not a runs.jsonl (one JSON object a line, as "
+        "tools/bench writes it into its --out folder)" % path) from None
+  except OSError as e:
+    raise RunsFileError("cannot read %s: %s" % (path, e.strerror)) from None
+  rows = []
+  lines = {}  # (scenario, W, impl, rep): its line number.
+  for number, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
+      continue
+    where = "%s line %d" % (path, number)
+    try:
+      row = json.loads(line)
+    except ValueError as e:
+      raise RunsFileError(
+          "%s is not JSON (%s): a runs.jsonl holds one JSON object a line, "
+          "as tools/bench writes it into its --out folder" % (
+              where, e)) from None
+    _check_run(row, where)
+    key = (row["scenario"], row["workers"], row["impl"], row["rep"])
+    if key in lines:
+      raise RunsFileError(
+          "%s and line %d are both the run of %s at W = %d, %s, repetition "
+          "%d, which a bench makes once: if the file joins two benches' "
+          "runs.jsonl, give them to --render as two files" % (
+              where, lines[key], *key))
+    lines[key] = number
+    rows.append(row)
+  if not rows:
+    raise RunsFileError(
+        "%s holds no runs (a bench stopped before its first run leaves it "
+        "empty): give the runs.jsonl of a bench that ran" % path)
+  return rows
+
+
+def _check_run(row, where):
+  """RunsFileError unless ``row`` is a run as tools/bench writes it."""
+  what = ("a runs.jsonl line is one run of tools/bench: an object with %s"
+          % ", ".join(RUN_KEYS))
+  if not isinstance(row, dict):
+    raise RunsFileError("%s is a JSON %s, not an object: %s" % (
+        where, type(row).__name__, what))
+  if "link_rate" in row:
+    raise RunsFileError(
+        "%s is a run of tools/linkcost (it has a link_rate), whose table "
+        "is another: render it with tools/linkcost --render" % where)
+  missing = [k for k in RUN_KEYS if k not in row]
+  if missing:
+    if "records" in row:
+      hint = ("this looks like tasks/records.jsonl (the workers' raw "
+              "records): give the runs.jsonl of the folder above it")
+    elif "vs_peer" in row or "variants" in row:
+      hint = ("this looks like summary.jsonl (a report's medians, not its "
+              "runs): give the runs.jsonl beside it")
+    else:
+      hint = "give the runs.jsonl of a bench's --out folder"
+    raise RunsFileError("%s has no %s: %s; %s" % (
+        where, ", ".join(missing), what, hint))
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  count = lambda v, least: (isinstance(v, int) and not isinstance(v, bool)
+                            and v >= least)
+  metrics = row["metrics"]
+  for ok, field, expected in (
+      (row["scenario"] in SCENARIOS, "scenario",
+       "one of this bench's scenarios (%s)" % ", ".join(SCENARIOS)),
+      (count(row["workers"], 1), "workers", "an int, 1 or more"),
+      (isinstance(row["impl"], str), "impl", "a name"),
+      (count(row["rep"], 0), "rep", "an int, 0 or more"),
+      (isinstance(metrics, dict)
+       and all(number(metrics.get(k))
+               for k in ("global_steps_per_s", "grads_per_s")), "metrics",
+       "an object with the numbers global_steps_per_s and grads_per_s")):
+    if not ok:
+      raise RunsFileError(
+          "%s has %s %s, where tools/bench writes %s: the line was edited, "
+          "or another tool or version wrote it; give a runs.jsonl as this "
+          "bench writes it" % (where, field, json.dumps(row[field])[:200],
+                               expected))
