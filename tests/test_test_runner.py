@@ -278,7 +278,8 @@ def test_scale_tests_skip_but_under_all_and_the_run_counts_them(tmp_path):
   assert _run_tests.scale_line([job]) == (
       "tools/test: 1 tests of the scale tier skipped (16 workers, the soak, "
       "driving modes on emulated hosts, the benchmark tools' end-to-end "
-      "runs): ./tools/test --all runs them, as CI does")
+      "runs, second proofs of what the default run proves): ./tools/test "
+      "--all runs them, as CI does")
   said, job = runs["1"]
   assert "2 passed" in said, said
   assert job.scale_skipped() == 0 and _run_tests.scale_line([job]) is None

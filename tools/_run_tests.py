@@ -522,8 +522,8 @@ def scale_line(done):
     return None
   return ("tools/test: %d tests of the scale tier skipped (16 workers, the "
           "soak, driving modes on emulated hosts, the benchmark tools' "
-          "end-to-end runs): ./tools/test --all runs them, as CI does"
-          % skipped)
+          "end-to-end runs, second proofs of what the default run proves): "
+          "./tools/test --all runs them, as CI does" % skipped)
 
 
 def summary(done, not_run, wall, busy=None, kept=None):
