@@ -78,9 +78,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "scale(reason): a run at scale (16 workers, the soak, "
       "driving modes on emulated hosts, the benchmark tools' end-to-end "
-      "runs) whose function tests in the default run prove at a small "
-      "scale, which the reason names: ./tools/test skips it, ./tools/test "
-      "--all runs it, and so does CI")
+      "runs), or a second proof, whose function tests in the default run "
+      "prove at a small scale or apart, which the reason names: "
+      "./tools/test skips it, ./tools/test --all runs it, and so does CI")
   # A thread that dies with an exception fails the test (but stock's
   # runner's expected death, _expect_stocks_cancelled_runner_threads).
   config.addinivalue_line(

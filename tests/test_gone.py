@@ -249,6 +249,15 @@ def test_stopped_worker_is_gone_then_taken_back_and_every_update_has_all(
     "test_recovery's test_killed_backup_worker_rejoins_and_contributes "
     "restarts a killed worker's process into a running job, and "
     + TAKEN_BACK_ON_EVERY_VERSION))
+@pytest.mark.scale(reason=(
+    "a second proof (18-26 CPU-seconds in two loaded runs) of what three "
+    "default tests prove apart: " + DECLARED_GONE_ON_EVERY_VERSION + ", "
+    "test_recovery's "
+    "test_killed_backup_worker_rejoins_and_contributes restarts a killed "
+    "worker's process into a running job, and test_gone_interplay's "
+    "test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push "
+    "sees a restarted gone worker's hook start, does not take it back "
+    "then, and takes it back at its push, counting every later update"))
 @pytest.mark.timeout(300)
 def test_killed_worker_restarted_is_taken_back_at_its_first_push(gone_job):
   """Its hook's start is seen (one line), but the chief takes it back at

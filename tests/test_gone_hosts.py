@@ -58,6 +58,20 @@ pytestmark = [
         "test_stall_line_names_each_worker_that_cannot_push_and_why probes "
         "a task that does not answer, and test_gone_interplay counts the "
         "updates with a worker gone and taken back")),
+    # ./tools/test leaves it to --all (and CI): each of its losses is
+    # proven apart by the default run.
+    pytest.mark.scale(reason=(
+        "a second proof (30-35 CPU-seconds in two loaded runs) of what "
+        "default tests prove one loss each: test_gone's "
+        "test_sigkilled_worker_is_declared_gone_"
+        "and_the_job_reaches_its_limit (a lost process declared gone, the "
+        "updates counted) and test_stopped_worker_is_gone_then_taken_back_"
+        "and_every_update_has_all (a silent task gone, taken back, every "
+        "later update counted), test_gone_interplay's updates with a worker "
+        "gone and the chief training on, test_hosts' test_training_on_hosts_"
+        "survives_a_cut_link_and_is_read_by_status (a host's link cut), and "
+        "test_lost's test_probe_says_a_task_that_never_answers_the_connect_"
+        "does_not_answer (the probe's word for a host cut off)")),
 ]
 
 

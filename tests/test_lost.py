@@ -222,6 +222,21 @@ def test_probe_tells_refused_from_silent():
     silent.close()
 
 
+def test_probe_says_a_task_that_never_answers_the_connect_does_not_answer():
+  """A host cut off drops the probe's SYN, so its connect times out:
+  NO_ANSWER, the word test_gone_hosts (scale tier) reads for a cut host.
+  The same on loopback: a listener whose accept queue is full, whose new
+  SYNs the kernel drops."""
+  with socket.socket() as full, socket.socket() as queued:
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)  # Room for one connection not yet accepted.
+    address = "127.0.0.1:%d" % full.getsockname()[1]
+    queued.connect(full.getsockname())  # Never accepted: the queue is full.
+    start = time.monotonic()
+    assert _lost.probe_address(address, timeout_secs=0.5) == _lost.NO_ANSWER
+    assert time.monotonic() - start < 5
+
+
 @pytest.mark.parametrize("session_stops_first", [False, True],
                          ids=["look-ends-first", "session-stops-first"])
 def test_the_chief_watch_ends_cleanly_whoever_stops_first(

@@ -278,7 +278,8 @@ def test_scale_tests_skip_but_under_all_and_the_run_counts_them(tmp_path):
   assert _run_tests.scale_line([job]) == (
       "tools/test: 1 tests of the scale tier skipped (16 workers, the soak, "
       "driving modes on emulated hosts, the benchmark tools' end-to-end "
-      "runs): ./tools/test --all runs them, as CI does")
+      "runs, second proofs of what the default run proves): ./tools/test "
+      "--all runs them, as CI does")
   said, job = runs["1"]
   assert "2 passed" in said, said
   assert job.scale_skipped() == 0 and _run_tests.scale_line([job]) is None
@@ -741,6 +742,30 @@ def test_a_green_run_records_what_it_measured_for_the_next(tmp_path, expected,
   assert _run_tests.record_measured([again], [], path=record) == 1
   assert _run_tests.load_measured(record) == dict(
       measured, **{"test_b.py": (4.0, 720)})
+
+
+def test_a_loaded_runs_times_are_recorded_as_the_machines_own(tmp_path):
+  # Others' load stretched the run: the machine was busy three times the
+  # CPU of the run's own processes, so each file's wall time is stored as a
+  # third, the time the schedule would see with the machine to itself, and
+  # the wall time measured beside it.
+  record = tmp_path / "venv.json"
+  job = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [60, 30]},
+                      peak=900, threads={"test_a.py": 850})
+  job.cpu_secs = 40.0
+  stretch = _run_tests.load_stretch([job], busy=120.0)
+  assert stretch == 3.0
+  assert _run_tests.record_measured([job], [], path=record,
+                                    stretch=stretch) == 1
+  assert _run_tests.load_measured(record) == {"test_a.py": (30.0, 900)}
+  entry = json.loads(record.read_text())["files"]["test_a.py"]
+  assert (entry["wall"], entry["stretch"]) == (90.0, 3.0)
+  # A machine the run had to itself (or unknown) stretches nothing: busy
+  # less than the run's own CPU (children it did not reap) counts as 1.
+  assert _run_tests.load_stretch([job], busy=35.0) == 1.0
+  assert _run_tests.load_stretch([job], busy=None) == 1.0
+  job.cpu_secs = 0.0
+  assert _run_tests.load_stretch([job], busy=120.0) == 1.0
 
 
 @pytest.mark.parametrize("args, rc", [(["-k", "parity"], 0), ([], 1),

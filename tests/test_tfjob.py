@@ -11,8 +11,11 @@ task port, and every task's command must parse with examples/digits.py's own
 argument parser.
 
 Then the rehearsal (tools/tfjob): the manifest's pods run on emulated hosts
-of this machine with the TF_CONFIG the training operator injects, and train
-to the end.
+of this machine with the TF_CONFIG the training operator injects. In the
+default run each pod's program only says what it was given (its TF_CONFIG,
+where the service names resolve, its arguments and volume) and reaches the
+ps by its name; the manifest's own program, which trains to the end, is the
+scale tier's (``./tools/test --all``, CI).
 """
 
 import copy
@@ -204,10 +207,114 @@ _OPERATORS_WORKER_1 = (
     '"task":{"type":"worker","index":1},"environment":"cloud"}')
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.skipif(not support.is_machine_root(), reason=(
+_NEEDS_ROOT = pytest.mark.skipif(not support.is_machine_root(), reason=(
     "emulated hosts need the machine's root here: /run/netns and /etc/hosts "
     "are mounted over in the rehearsal's own mount namespace"))
+
+#: Each container's program in the rehearsal of what a pod is given: no
+#: TensorFlow, only what the pod sees. Its TF_CONFIG and arguments, where
+#: each of the job's service names resolves, the chief's --logdir written
+#: (a volume's directory), and the ps, serving on its port until stopped,
+#: reached by its service name.
+_POD_VIEW = r"""
+import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task = config["task"]
+name = "%s%d" % (task["type"], task["index"])
+print("%s TF_CONFIG=%s" % (name, os.environ["TF_CONFIG"]), flush=True)
+print("%s args %s" % (name, " ".join(sys.argv[1:])), flush=True)
+for job in sorted(config["cluster"]):
+  for address in config["cluster"][job]:
+    host = address.rsplit(":", 1)[0]
+    print("%s resolves %s to %s" % (name, host, socket.gethostbyname(host)),
+          flush=True)
+for arg in sys.argv[1:]:
+  if arg.startswith("--logdir="):
+    logdir = arg.split("=", 1)[1]
+    os.makedirs(logdir, exist_ok=True)
+    open(os.path.join(logdir, name), "w").close()
+if task["type"] == "ps":
+  me = config["cluster"]["ps"][task["index"]]
+  server = socket.create_server(("", int(me.rsplit(":", 1)[1])))
+  print("%s serving" % name, flush=True)
+  while True:
+    server.accept()[0].close()
+host, port = config["cluster"]["ps"][0].rsplit(":", 1)
+deadline = time.monotonic() + 60
+while True:
+  try:
+    socket.create_connection((host, int(port)), timeout=5).close()
+    break
+  except OSError:
+    if time.monotonic() > deadline:
+      raise
+    time.sleep(0.1)
+print("%s reached the ps at %s:%s" % (name, host, port), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@_NEEDS_ROOT
+def test_the_rehearsal_gives_each_pod_the_operators_tf_config_names_and_volumes(
+    tmp_path):
+  # The manifest as it is but for each container's program, which only
+  # says what its pod is given (no TensorFlow): what tools/tfjob itself
+  # does, in a few CPU-seconds. The manifest's own program trains in the
+  # scale tier's rehearsal below.
+  documents = _documents()
+  for spec in documents[0]["spec"]["tfReplicaSpecs"].values():
+    for container in spec["template"]["spec"]["containers"]:
+      container["command"] = ["python", "-c", _POD_VIEW]
+  manifest = tmp_path / "tfjob.yaml"
+  manifest.write_text(yaml.safe_dump_all(documents))
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "tools" / "tfjob"), str(manifest),
+       "--link-rate", "1gbit", "--volumes", str(tmp_path),
+       "--set=--steps=3", "--timeout", "90"], cwd=ROOT,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
+      text=True, timeout=110)
+  text = proc.stdout + proc.stderr
+  assert proc.returncode == 0, text[-6000:]
+  launched = re.findall(r"\[launch\] (\w+)-(\d) (\S+) at (\S+): TF_CONFIG=(.*)\n",
+                        text)
+  pods = {"%s%s" % (kind, index): (service, address, config)
+          for kind, index, service, address, config in launched}
+  assert sorted(pods) == ["chief0", "ps0", "worker0", "worker1",
+                          "worker2"], text[:3000]
+  assert pods["worker1"][2] == _OPERATORS_WORKER_1
+  where = {service: address for service, address, _ in pods.values()}
+  assert len(set(where.values())) == 5, where
+  for name, (_, _, config) in pods.items():
+    # The pod was given the TF_CONFIG the rehearsal says, byte for byte.
+    assert "[%s] %s TF_CONFIG=%s\n" % (name, name, config) in text, text
+    # Every service name resolves, in every pod, to its pod's host.
+    resolved = dict(re.findall(r"^\[%s\] %s resolves (\S+) to (\S+)$" % (
+        name, name), text, re.M))
+    assert resolved == where, (name, resolved, where)
+  args = dict(re.findall(r"^\[(\w+)\] \1 args (.*)$", text, re.M))
+  assert args["chief0"] == "--backups=1 --steps=3 --logdir=%s" % (
+      tmp_path / "logs" / "digits"), args
+  for worker in ("worker0", "worker1", "worker2"):
+    assert args[worker] == "--backups=1 --steps=3", args
+    assert "[%s] %s reached the ps at sync-replicas-digits-ps-0.default." \
+        "svc:2222\n" % (worker, worker) in text, text[-4000:]
+    assert "[launch] %s exited 0\n" % worker in text, text[-4000:]
+  assert "[chief0] chief0 reached the ps at " in text, text[-4000:]
+  assert (tmp_path / "logs" / "digits" / "chief0").is_file()
+
+
+@pytest.mark.timeout(300)
+@_NEEDS_ROOT
+@pytest.mark.scale(reason=(
+    "the manifest's own program on its pods (about 36 CPU-seconds under "
+    "load): what tools/tfjob gives each pod (the operator's TF_CONFIG, the "
+    "service names resolving to the pods' hosts, --set, the volumes) is "
+    "this file's test_the_rehearsal_gives_each_pod_the_operators_tf_config_"
+    "names_and_volumes, every task's command parses with the digits "
+    "parser in test_every_task_command_parses_with_the_digits_parser, and "
+    "examples.digits trains across emulated hosts from a TF_CONFIG with a "
+    "chief job in test_hosts' test_training_on_hosts_survives_a_cut_link_"
+    "and_is_read_by_status"))
 def test_the_manifests_pods_train_on_emulated_hosts_with_the_operators_tf_config(
     tmp_path):
   # Every pod on a host of its own, its service name resolving to it, the

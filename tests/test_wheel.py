@@ -11,8 +11,9 @@ started by ``sync-replicas-launch`` and read live by ``sync-replicas-status``
 through ``sync-replicas-launch --enter``, both ended by Ctrl-C.
 
 What it costs (marked ``wheel``): about 40-60 s on 2 cores, most of it the
-six TensorFlow imports of the cluster and the status tool; a few MB in a
-temporary directory. TensorFlow is not installed again: the new venv sees
+six TensorFlow imports of the cluster and the status tool, which is why
+that one test is in the scale tier (``./tools/test --all``, CI); a few MB
+in a temporary directory. TensorFlow is not installed again: the new venv sees
 this test venv's site-packages through a ``.pth`` line, added after the
 wheel's install (so that pip sees a clean venv). A directory named by a
 ``.pth`` line is not scanned for ``.pth`` files of its own, so the editable
@@ -239,6 +240,17 @@ def _interrupt(proc, timeout=60):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.scale(reason=(
+    "the installed wheel's console scripts on a live cluster (28-34 "
+    "CPU-seconds in two loaded runs), where the default run proves each "
+    "part apart: this file's other tests run every console script of the "
+    "wheel and import "
+    "its package, test_confine's test_demo_trains_confined_and_its_printed_"
+    "status_command_reads_it launches the demo's cluster confined and reads "
+    "it live inside its namespace, test_hosts' cut-link test runs commands "
+    "through --enter PID, test_status_tool's --watch tests read snapshots "
+    "in turn, and test_bad_input's and test_launcher's Ctrl-C tests end "
+    "the status tool and the launcher with 130"))
 def test_launch_runs_the_demo_cluster_and_status_reads_it_live(venv,
                                                                tmp_path):
   # The examples are no part of the wheel: a copy of them, next to nothing

@@ -362,15 +362,43 @@ def measurements(done):
   return found
 
 
-def record_measured(done, pytest_args, path=None, *, every_tier=True):
+def load_stretch(done, busy):
+  """How much other programs stretched this run's wall times: the
+  machine's busy CPU seconds over the run (``machine_busy_secs``'
+  difference) divided by the CPU of the run's own processes and the
+  children they reaped; at least 1, and 1 where either is unknown.
+
+  The suite is bound by the cores, so a file's wall time under others'
+  load is about this many times its time with the machine to itself.
+  Recorded as measured, a loaded run's times make more files look long to
+  the next run's pack, which then starts more processes, each a pytest and
+  TensorFlow import (about 6 CPU-seconds: the default run's test_soak and
+  test_slurm processes, whose tests cost nothing). Replayed: the committed
+  record with every time doubled packs 33 processes instead of 24; the
+  default run's record of a run at a stretch of 1.42 packs 25, divided by
+  it 21. The CPU a run spends is what others' load does not stretch, and
+  what this is computed from.
+  """
+  own = sum(job.cpu_secs for job in done)
+  if busy is None or own <= 0:
+    return 1.0
+  return max(1.0, busy / own)
+
+
+def record_measured(done, pytest_args, path=None, *, every_tier=True,
+                    stretch=1.0):
   """After a run of whole files, stores what its green processes measured.
 
   Files this run did not measure, or measured in a process that failed,
   keep their earlier figures: on a loaded machine a run seldom has no
   failure at all, and a green process measured its files whole. Each file's
   CPU seconds are stored beside its time (tests/conftest.py's record; the
-  schedule does not read them). Returns the number of files recorded (0:
-  no process was green, or the run selected tests).
+  schedule does not read them). Its time is stored as the wall time
+  measured divided by ``stretch`` (``load_stretch``): the schedule's
+  seconds are the machine's own, whatever load the run that measured them
+  had; the wall time measured and the stretch are stored beside it.
+  Returns the number of files recorded (0: no process was green, or the
+  run selected tests).
   """
   path = measured_path(every_tier=every_tier) if path is None else path
   if any(a.split("=")[0] in SELECTING for a in pytest_args):
@@ -386,9 +414,11 @@ def record_measured(done, pytest_args, path=None, *, every_tier=True):
   files = record.get("files", {})
   now = datetime.datetime.now().isoformat(timespec="seconds")
   cpu = file_cpu(green)
-  files.update({name: dict({"secs": secs, "threads": threads,
-                            "recorded": now},
-                           **({"cpu": cpu[name]} if name in cpu else {}))
+  files.update({name: dict({"secs": round(secs / stretch, 1),
+                            "threads": threads, "recorded": now},
+                           **({"cpu": cpu[name]} if name in cpu else {}),
+                           **({"wall": secs, "stretch": round(stretch, 2)}
+                              if stretch != 1.0 else {}))
                 for name, (secs, threads) in found.items()})
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
@@ -522,8 +552,8 @@ def scale_line(done):
     return None
   return ("tools/test: %d tests of the scale tier skipped (16 workers, the "
           "soak, driving modes on emulated hosts, the benchmark tools' "
-          "end-to-end runs): ./tools/test --all runs them, as CI does"
-          % skipped)
+          "end-to-end runs, second proofs of what the default run proves): "
+          "./tools/test --all runs them, as CI does" % skipped)
 
 
 def summary(done, not_run, wall, busy=None, kept=None):
@@ -636,13 +666,22 @@ def main(argv):
     if skipped:
       print(skipped)
     if len(done) == len(jobs):
-      recorded = record_measured(done, pytest_args, every_tier=every_tier)
+      stretch = load_stretch(
+          done, None if None in (busy_at_start, busy_at_end)
+          else busy_at_end - busy_at_start)
+      if stretch > 1.0:
+        print("tools/test: the machine was busy %.2f times this run's own "
+              "CPU: each file's time is recorded divided by that"
+              % stretch)
+      recorded = record_measured(done, pytest_args, every_tier=every_tier,
+                                 stretch=stretch)
       if recorded:
         print("tools/test: times and threads of %d files recorded in %s for "
               "the next run's schedule" % (
                   recorded, measured_path(every_tier=every_tier)))
       if args.save_expected:
-        saved = record_measured(done, pytest_args, path=EXPECTED_PATH)
+        saved = record_measured(done, pytest_args, path=EXPECTED_PATH,
+                                stretch=stretch)
         print("tools/test: %s" % (
             "times and threads of %d files saved in %s, a clean clone's "
             "schedule" % (saved, EXPECTED_PATH) if saved else
