@@ -11,7 +11,8 @@ worker each update waited for, and writing:
   another; every event carries its global step;
 * optionally a PNG of the last N updates (matplotlib), one row per task;
 * a summary: per worker, how many updates waited for it last and its
-  median token wait. The straggler is the worker the others wait for.
+  median token wait; then each one's share of the updates, naming a
+  straggler only when the others wait for it (``verdict``).
 
 Clocks: every record is wall-clock time (``time.time`` and
 ``tf.timestamp``, the same clock) of the task that wrote it. Tasks on one
@@ -376,8 +377,14 @@ def _label_steps(ax, shown, y, lo, hi):
 
 def headline(rows: "dict[str, dict[str, float]]", shown: int,
              updates: int) -> str:
-  """The picture's title: what it shows, whose push the updates waited for
-  last, and whose pushes were mostly dropped as stale.
+  """The picture's title: what it shows, then ``verdict``'s lines."""
+  return "\n".join(["last %d of %d updates" % (shown, updates)]
+                   + verdict(rows, updates))
+
+
+def verdict(rows: "dict[str, dict[str, float]]", updates: int) -> "list[str]":
+  """Whose push the updates waited for last, and whose pushes were mostly
+  dropped as stale: the picture's title and the command's last lines.
 
   The name alone misled: with a backup, a healthy run's updates wait last
   for whichever fast replica pushed second, often the chief, while the slow
@@ -388,10 +395,12 @@ def headline(rows: "dict[str, dict[str, float]]", shown: int,
 
   Args:
     rows: ``summary``'s rows.
-    shown: Updates in the picture.
     updates: Updates in the run (the rows count over all of them).
+
+  Returns:
+    Up to two lines: the shares (none without updates), the stale pushes.
   """
-  lines = ["last %d of %d updates" % (shown, updates)]
+  lines = []
   slow = straggler(rows)
   stale = [(task, row) for task, row in sorted(rows.items())
            if row["steps"] and 2 * row["stale_pushes"] > row["steps"]]
@@ -414,7 +423,7 @@ def headline(rows: "dict[str, dict[str, float]]", shown: int,
                  + ", ".join("%s (%d of %d)" % (task, row["stale_pushes"],
                                                 row["steps"])
                              for task, row in stale))
-  return "\n".join(lines)
+  return lines
 
 
 def merge(
@@ -494,8 +503,13 @@ def _main(argv):
   for task, row in rows.items():
     sys.stdout.write("%s: %s\n" % (task, ", ".join(
         "%s=%s" % kv for kv in row.items())))
-  slow = straggler(rows)
-  sys.stdout.write("waited for last most often: %s\n" % (slow or "none"))
+  # The picture's words, not the bare name of whoever completed the most
+  # updates: in a healthy run that is often the chief, and no fault. The
+  # updates counted are those whose last push was found (every one, when
+  # each task recorded its steps).
+  waited = sum(int(row["waited_for_last"]) for row in rows.values())
+  sys.stdout.write("\n".join(verdict(rows, waited)
+                             or ["no update waited for a push"]) + "\n")
   return 0
 
 

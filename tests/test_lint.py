@@ -45,7 +45,7 @@ TYPED_API = {
     "sync_replicas/timeline.py": [
         "read", "clock_offsets", "aligned", "waited_for", "summary",
         "straggler", "chrome_trace", "render", "merge", "main", "last_start",
-        "headline"],
+        "headline", "verdict"],
     # The command-line entry points (setup.cfg's console_scripts).
     "sync_replicas/patch/__main__.py": ["main"],
     "sync_replicas/cli/launch.py": ["main"],
