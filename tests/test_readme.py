@@ -42,14 +42,25 @@ START_SECS = 60
 _DONE = re.compile(r"^(chief|worker)(\d) done: global step (\d+),", re.M)
 
 #: Each entry starts once the one before it has its server up; an entry
-#: ``(task, [others])`` starts only once ``others`` have exited.
+#: ``(task, [others])`` starts only once ``others`` have exited. With the
+#: second value None, the tasks run at TensorFlow's own log level, as README
+#: starts them by hand, and every line they print is README's program's own
+#: or one docs/logs.md names; else at that TF_CPP_MIN_LOG_LEVEL.
 ORDERS = [
     pytest.param(["ps", "worker0", "worker1",
-                  ("worker2", ["worker0", "worker1"])],
+                  ("worker2", ["worker0", "worker1"])], "2",
                  id="chief_first_and_a_worker_after_the_others_ended"),
-    pytest.param(["ps", "worker1", "worker2", "worker0"], id="chief_last"),
-    pytest.param(["worker2", "worker0", "worker1", "ps"], id="ps_last"),
+    pytest.param(["ps", "worker1", "worker2", "worker0"], "2",
+                 id="chief_last"),
+    pytest.param(["worker2", "worker0", "worker1", "ps"], None, id="ps_last"),
 ]
+LOGS_PAGE = ROOT / "docs" / "logs.md"
+#: The C++ source that logged a line: TensorFlow 2.21's ``I0000 ... port.cc:153]``
+#: and 2.15's ``... I tensorflow/core/.../port.cc:113]`` alike.
+_SOURCE = re.compile(r"(\w+\.cc):\d+\] ")
+_ERROR = re.compile(r"^(E|F)\d{4} |: (E|F) tensorflow/")
+#: Logged before TensorFlow's logging is set up (docs/logs.md, "The settings").
+_EARLY = "WARNING: All log messages before absl::InitializeLog() is called"
 
 
 def quick_start_program(text):
@@ -74,9 +85,10 @@ def test_quick_start_is_one_program_with_device_filters():
 
 
 class _Tasks:
-  """The quick start's processes: one ps and three workers on free ports."""
+  """The quick start's processes: one ps and three workers on free ports,
+  at TF_CPP_MIN_LOG_LEVEL ``log_level`` (None: TensorFlow's default)."""
 
-  def __init__(self, tmp_path):
+  def __init__(self, tmp_path, log_level="2"):
     self._dir = tmp_path
     self._program = tmp_path / "train.py"
     self._program.write_text(quick_start_program(README.read_text()))
@@ -87,8 +99,10 @@ class _Tasks:
                    "--worker_hosts", ",".join(
                        "%s:%d" % (_ports.LOOPBACK, p) for p in ports[1:])]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(ROOT),
-                     TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+                     TF_CPP_MIN_LOG_LEVEL=log_level or "", PYTHONUNBUFFERED="1")
     self._env.pop("TF_CONFIG", None)
+    if log_level is None:
+      del self._env["TF_CPP_MIN_LOG_LEVEL"]
     self.procs = {}
 
   def start(self, name):
@@ -139,10 +153,27 @@ def _serves(port):
   return True
 
 
+def _lines_logs_md_does_not_name(out, named):
+  """The lines of a task's output that are neither README's program's own
+  ("... done: ...") nor TensorFlow's ones that docs/logs.md names (``named``:
+  the page's text): an unnamed source, an error, a stray line."""
+  unnamed, after_log_line = [], False
+  for line in out.splitlines():
+    source = _SOURCE.search(line)
+    if _ERROR.search(line) or (source and source.group(1) not in named):
+      unnamed.append(line)
+    elif not (source or line.startswith(_EARLY) or _DONE.match(line)
+              or re.match(r"ps\d done: every replica is$", line)
+              or after_log_line):  # A message's second line goes with it.
+      unnamed.append(line)
+    after_log_line = bool(source)
+  return unnamed
+
+
 @pytest.mark.timeout(4 * START_SECS + RUN_SECS + 60)
-@pytest.mark.parametrize("order", ORDERS)
-def test_quick_start_runs_and_every_task_exits_0(tmp_path, order):
-  tasks = _Tasks(tmp_path)
+@pytest.mark.parametrize("order, log_level", ORDERS)
+def test_quick_start_runs_and_every_task_exits_0(tmp_path, order, log_level):
+  tasks = _Tasks(tmp_path, log_level)
   try:
     for entry in order:
       name, after = entry if isinstance(entry, tuple) else (entry, [])
@@ -167,6 +198,15 @@ def test_quick_start_runs_and_every_task_exits_0(tmp_path, order):
     # stops may add one.
     assert STEPS <= int(done[0][2]) <= STEPS + 1, tasks.tail(
         "worker%d" % index)
+  if log_level is None:
+    # Issue 46, item 7: what TensorFlow prints regardless, the docs name.
+    named = LOGS_PAGE.read_text()
+    assert _EARLY in named
+    for name in tasks.procs:
+      unnamed = _lines_logs_md_does_not_name(
+          tasks.log(name).read_text(errors="replace"), named)
+      assert not unnamed, "%s printed lines %s does not name:\n%s" % (
+          name, LOGS_PAGE.name, "\n".join(unnamed))
 
 
 # ------------------------------------------------- under README's launcher
