@@ -387,7 +387,8 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(
   try:
     output = support.OutputLines(proc.stdout)
     command = output.find(r"\[demo\] its sync state, from another terminal "
-                          r"in \S+ while it trains: (.*)\n",
+                          r"in \S+ while it trains \(from the chief's first "
+                          r"step line on\): (.*)\n",
                           "the demo's status line", timeout=30).group(1)
     # The plain command (issue 38: README's line failed during a confined
     # launch): the venv's status tool, which finds the launch by itself.
