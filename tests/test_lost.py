@@ -208,6 +208,47 @@ def test_the_clause_names_each_worker_that_cannot_push_by_its_task():
       "cannot be reached" % (_lost.REFUSED, _lost.SILENT)), text
 
 
+@pytest.mark.parametrize("answers, stop, named", [
+    ([None, 7], False, []),
+    ([None, None], False, [_lost.SILENT]),
+    ([None], True, []),
+], ids=["answers-the-second-look", "misses-both", "stopped-between"])
+def test_lacking_names_a_task_that_missed_a_read_only_if_it_misses_again(
+    answers, stop, named):
+  """Worker 1's task accepts connections (a listening socket); its reads
+  are scripted (None: missed the bound). Worker 2's refuses them: named at
+  the first look, with no second read of it. The pause between the looks
+  is the caller's ``wait`` (a coordinator's ``wait_for_stop``): a stop
+  there names nobody."""
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(8)
+  addresses = {1: "127.0.0.1:%d" % listening.getsockname()[1],
+               2: "127.0.0.1:%d" % sync_replicas.cluster.free_ports(1)[0]}
+  devices = _lost.key_devices("/job:worker/task:0", 3)
+  reads, waits = [], []
+
+  def read_steps(wanted):
+    reads.append(wanted)
+    return [_diagnose.LocalStep(d, answers.pop(0), "unreachable")
+            for d in wanted]
+
+  def wait(secs):
+    waits.append(secs)
+    return stop
+
+  try:
+    lost = _lost.lacking(keys={1, 2}, addresses=addresses, devices=devices,
+                         read_steps=read_steps, wait=wait)
+  finally:
+    listening.close()
+  assert lost == ([] if stop else [
+      (1, devices[1], addresses[1], reason) for reason in named] + [
+          (2, devices[2], addresses[2], _lost.REFUSED)]), lost
+  assert waits == [_lost.SECOND_LOOK_SECS], waits
+  assert reads == [[devices[1]]] * (1 if stop else 2), reads
+
+
 def test_probe_tells_refused_from_silent():
   silent = socket.socket()
   silent.bind(("127.0.0.1", 0))
