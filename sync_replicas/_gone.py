@@ -10,8 +10,8 @@ good (or until the operation timeout ends every process). With
 global step has not moved for ``T`` seconds, started once (its hook recorded
 its address) and cannot push: its task refuses
 connections, does not answer, or accepts them but does not answer
-(``_lost.lacking``'s bounded probe; the last at two looks in a row, since a
-live task starved of CPU can miss one read's bound). With backups or an aggregation deadline
+(``_lost.lacking``'s bounded probe; the last at two looks a pause apart,
+since a live task starved of CPU can miss one read's bound). With backups or an aggregation deadline
 the updates go on without a lost worker (and its tokens go to the others),
 so there a worker whose local-step record has not moved for ``T`` seconds is
 probed, and declared, the same way. A gone worker is counted as a done
@@ -288,17 +288,12 @@ class GoneWatch:
     # key -> the hook-start record of a gone worker not yet taken back
     # (``_back_at_start``), so that its line is logged once.
     self._started = {}
-    # The looks so far, and key -> the look that last found it silent
-    # (``_lost.SILENT``), which it must be at two looks in a row.
-    self._looks = 0
-    self._silent = {}
 
   def run(self, sess, coord):
     """Looks every ``min(secs / 4, WATCH_MAX_SECS)`` until ``coord`` stops."""
     period = min(self.secs / 4.0, WATCH_MAX_SECS)
     last_step, since = None, self._clock()
     while not coord.wait_for_stop(period):
-      self._looks += 1
       try:
         step, record, steps = self._ends.gone_marks.read(
             sess, self._global_step)
@@ -412,25 +407,14 @@ class GoneWatch:
         addresses=addresses,
         devices=_lost.key_devices(self._reader.spec.device, total),
         read_steps=lambda devices: self._reader.read(
-            sess.sess_str, devices, config=config))
-    silent_before, self._silent = self._silent, {}
+            sess.sess_str, devices, config=config),
+        # A task that accepts connections but misses the read's bound (a
+        # live one starved of CPU can) is declared only if a second look
+        # finds it silent too.
+        wait=coord.wait_for_stop)
     for key, device, address, reason in lost:
       if coord.should_stop():
         return
-      if reason == _lost.SILENT and (
-          silent_before.get(key) != self._looks - 1):
-        # A task that accepts connections but misses the read's bound may
-        # only be starved of CPU (a loaded machine): declared only if the
-        # next look, a period later, finds it silent too: a fresh bounded
-        # read, or the first one still unanswered (``LocalStepReader``
-        # starts none beside it), which then has waited at least the read's
-        # bound, its thread's join and a period (3.25 s and more). A refused
-        # or unanswered connection is no such doubt.
-        self._silent[key] = self._looks
-        _LOG.info("sync_replicas: %s accepts connections but did not answer "
-                  "the chief's read: it is looked at again before it is "
-                  "declared gone", _lost.named(key, device, address))
-        continue
       self._ends.gone_marks.declare(sess, key)
       self._declared[key] = steps.get(key)
       out.add(key)

@@ -11,7 +11,10 @@ address (refused: nothing listens there, the task is down; no answer: the
 host or the link is gone), then, where it connects, a read of the task's
 own local step (``_diagnose.LocalStepReader``): a process that is stopped
 (SIGSTOP) or hung still gets its connections from the kernel, but its
-server answers nothing.
+server answers nothing. A task that misses that read is looked at again
+before anything is concluded (``lacking``): every caller (the stall line,
+the look before the operation timeout, the chief's watch for gone workers,
+a worker's watch on the chief) gets that second look from this one place.
 """
 
 import errno
@@ -29,13 +32,18 @@ _LOG = logging.getLogger(__name__)
 
 #: Bound on the TCP probe of one task, in seconds.
 CONNECT_TIMEOUT_SECS = 2.0
+#: Pause before the second look at a task that accepted the connection but
+#: missed the read's bound (``lacking``), in seconds.
+SECOND_LOOK_SECS = 1.0
 #: How long before the sessions' operation timeout the chief looks at an
 #: update that has not come, and a worker at the chief while its train run
 #: waits for a token: this fraction of the timeout, at least
-#: TIMEOUT_LEAD_MIN_SECS (the reads and the probe of a lost task take up to
-#: about 4 s), at most half of it.
+#: TIMEOUT_LEAD_MIN_SECS (the reads of the record, and the probe of a task
+#: that misses a read: a connection, a read bounded at 2 s and its thread's
+#: join at 3 s, the pause, and the same again, take up to about 8 s), at
+#: most half of it.
 TIMEOUT_LEAD_FRACTION = 0.1
-TIMEOUT_LEAD_MIN_SECS = 5.0
+TIMEOUT_LEAD_MIN_SECS = 10.0
 #: The key of the chief in the workers' records (``_data_end.worker_key``).
 CHIEF_KEY = 0
 
@@ -44,6 +52,8 @@ NO_ANSWER = ("its task does not answer (stopped or hung, or its host or "
              "link is down)")
 SILENT = ("its task accepts connections but does not answer (stopped or "
           "hung)")
+#: The words of ``lacking``'s line on a task it looks at again.
+LOOKED_AGAIN = "is looked at again"
 
 
 def probe_address(address, *, timeout_secs=CONNECT_TIMEOUT_SECS):
@@ -73,10 +83,20 @@ def key_devices(local_step_device, total_num_replicas):
   return dict(enumerate(devices))
 
 
-def lacking(*, keys, addresses, devices, read_steps,
+def lacking(*, keys, addresses, devices, read_steps, wait,
             probe=probe_address):
   """``[(key, device, address, reason)]`` of the workers in ``keys`` that
   cannot push, in key order.
+
+  A task that refuses the connection, or does not answer it, is named at
+  once: the kernel answers a live listening socket whatever the load. One
+  that accepts it but misses the read's bound (``SILENT``) may only be
+  starved of CPU on a loaded machine, where a single missed read once
+  stopped a job, or ended a worker, whose task went on a moment later. So
+  it is looked at again ``SECOND_LOOK_SECS`` later, a fresh probe and read
+  (or the first read, still unanswered: ``LocalStepReader`` starts none
+  beside it, and it has waited its bound, its thread's join and the
+  pause), and named only if that look finds it unable to push too.
 
   Args:
     keys: The keys of the workers the update may wait for (not done).
@@ -85,8 +105,35 @@ def lacking(*, keys, addresses, devices, read_steps,
     read_steps: Reads the local step of a list of task devices, bounded
       (``LocalStepReader.read`` with its target bound); a reading whose step
       is None did not answer.
+    wait: ``wait(secs)``, the pause before a second look, True if the
+      caller was asked to stop meanwhile (a coordinator's
+      ``wait_for_stop``): then none is named. None: no second look (the
+      status tool, whose readings are made before).
     probe: ``probe_address`` (for tests).
   """
+  found = _look(keys, addresses, devices, read_steps, probe)
+  doubted = sorted(k for k, reason in found.items() if reason == SILENT)
+  if doubted and wait is not None:
+    for key in doubted:
+      _LOG.info("sync_replicas: %s accepts connections but did not answer a "
+                "read of its local step in time: it %s in %.0f s before it "
+                "is named lost", named(key, devices.get(key),
+                                       addresses.get(key)),
+                LOOKED_AGAIN, SECOND_LOOK_SECS)
+    if wait(SECOND_LOOK_SECS):
+      return []
+    again = _look(doubted, addresses, devices, read_steps, probe)
+    for key in doubted:
+      if key in again:
+        found[key] = again[key]
+      else:
+        del found[key]
+  return [(key, devices.get(key), addresses.get(key), found[key])
+          for key in sorted(found)]
+
+
+def _look(keys, addresses, devices, read_steps, probe):
+  """``{key: reason}`` of one probe and read of each of ``keys``."""
   found, to_read = {}, []
   for key in sorted(keys):
     address = addresses.get(key)
@@ -101,8 +148,7 @@ def lacking(*, keys, addresses, devices, read_steps,
       if reading.step is None and reading.error != "not started":
         found[key] = SILENT if addresses.get(key) else (
             "its task does not answer (%s)" % reading.error)
-  return [(key, devices.get(key), addresses.get(key), found[key])
-          for key in sorted(found)]
+  return found
 
 
 def named(key, device, address):
@@ -129,7 +175,7 @@ def clause(lost, *, missing):
           % (missing, len(lost), "; ".join(entries)))
 
 
-def stall_clause(sess, *, ends, done, counts, needed, reader):
+def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
   """The chief's clause for a stall line, "" where it cannot tell.
 
   Args:
@@ -141,6 +187,8 @@ def stall_clause(sess, *, ends, done, counts, needed, reader):
     needed: Gradients the update needs.
     reader: The runner's ``_diagnose.LocalStepReader`` (None without a
       local step).
+    wait: The pause before a second look (``lacking``): the coordinator's
+      ``wait_for_stop``.
   """
   if ends is None or done is None or reader is None or not sess.sess_str:
     return ""
@@ -160,7 +208,8 @@ def stall_clause(sess, *, ends, done, counts, needed, reader):
       addresses=ends.local_steps.read_addresses(sess),
       devices=key_devices(reader.spec.device, total),
       read_steps=lambda devices: reader.read(sess.sess_str, devices,
-                                             config=config))
+                                             config=config),
+      wait=wait)
   return clause(lost, missing=missing)
 
 
@@ -190,7 +239,7 @@ class ChiefWatch:
   run's start and end (``run_started``, ``run_ended``); ``timeout_lead``
   seconds before a run in flight would time out, this watch probes the
   chief's task (its address from the record on the ps, ``lacking``'s
-  bounded probe). If the chief cannot push, it stops the worker's
+  bounded probe, with its second look at a chief that misses one read). If the chief cannot push, it stops the worker's
   coordinator with ``SyncTimeoutError`` naming it: the run still ends at
   its timeout, and MonitoredSession's close then raises this error, the
   bare one as its context. A chief that answers changes nothing. A look
@@ -250,7 +299,7 @@ class ChiefWatch:
           self._in_flight() != started):
         continue
       looked = started
-      lost = self._chief_lost(session)
+      lost = self._chief_lost(session, coord)
       if not lost or self._in_flight() != started:
         continue
       _, device, address, reason = lost[0]
@@ -273,9 +322,9 @@ class ChiefWatch:
                      "the error above could end it")
       return
 
-  def _chief_lost(self, session):
+  def _chief_lost(self, session, coord):
     """``lacking``'s finding on the chief, [] if it answers (or its
-    address cannot be read)."""
+    address cannot be read, or ``coord`` stops during a second look)."""
     addresses = self._read_addresses(session)
     if CHIEF_KEY not in addresses:
       return []
@@ -283,4 +332,5 @@ class ChiefWatch:
     return lacking(
         keys={CHIEF_KEY}, addresses=addresses, devices=self._devices,
         read_steps=lambda devices: self._reader.read(
-            session.sess_str, devices, config=config))
+            session.sess_str, devices, config=config),
+        wait=coord.wait_for_stop)

@@ -171,11 +171,12 @@ class StallWatch:
     """``(what the update waits for, whether it names a worker that cannot
     push)``, read once; None if the read failed."""
     status = self._read_status(sess, coord)
-    return None if status is None else self._verdict(sess, **status)
+    return None if status is None else self._verdict(sess, coord, **status)
 
-  def _verdict(self, sess, *, step, counts, tokens, starts):
+  def _verdict(self, sess, coord, *, step, counts, tokens, starts):
     """The stall line's words after ``no update for N s: ``, and whether
-    they name a worker that cannot push."""
+    they name a worker that cannot push (a task that missed one read only
+    if it misses a second look too: ``_lost.lacking``)."""
     ends = self._loop.data_end
     done, gone = _data_end.read_done(sess, ends)
     needed, done_clause = _data_end.stall_part(
@@ -188,7 +189,8 @@ class StallWatch:
       local_steps = _read_local_steps(sess, self._local_step,
                                       self._local_steps)
     lost = _lost.stall_clause(sess, ends=ends, done=done, counts=counts,
-                              needed=needed, reader=self._local_steps)
+                              needed=needed, reader=self._local_steps,
+                              wait=coord.wait_for_stop)
     what = _diagnose.verdict(
         names=self._status.names, counts=counts, tokens=tokens,
         replicas_to_aggregate=needed, global_step=int(step),
@@ -211,7 +213,7 @@ class StallWatch:
         last_step, since = status["step"], now
         continue
       waited = now - since
-      what, _ = self._verdict(sess, **status)
+      what, _ = self._verdict(sess, coord, **status)
       if self._stall_timeout_secs and waited >= self._stall_timeout_secs:
         _compat.request_stop(coord, _stall_error(
             waited, self._stall_timeout_secs, what,

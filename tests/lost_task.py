@@ -21,6 +21,7 @@ tracebacks.
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -108,6 +109,11 @@ def _train(spec, server, cluster, index):
 
 def main(argv):
   spec = json.loads(argv[1])
+  if spec.get("log_info"):
+    # The package's INFO lines (a look repeated, a worker taken back) in
+    # this task's log, where Python's default shows only warnings.
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sync_replicas").setLevel(logging.INFO)
   tf.compat.v1.disable_eager_execution()
   cluster = tf.train.ClusterSpec(spec["cluster"])
   server = tf.distribute.Server(cluster, job_name=spec["job"],

@@ -672,7 +672,7 @@ def _render_error_case(case, tmp_path):
   if case == "empty":
     (tmp_path / "runs.jsonl").write_text("")
     return [tmp_path / "runs.jsonl"], ["holds no runs",
-                                       "a bench that ran"]
+                                       "a runs.jsonl with runs in it"]
   if case == "table_txt":
     (tmp_path / "table.txt").write_text(bench_report.table(
         bench_report.summarize(runs)))
@@ -716,18 +716,20 @@ def _render_error_case(case, tmp_path):
       if r["impl"] == "fused_packed":
         r["options"] = {"fuse_dense_gradients": True}
     _write(copy, later)
+    first = 1 + [r["impl"] for r in runs].index("fused_packed")
     return [PEERS_RUN, copy], [
         "'fused_packed' has options {\"fuse_dense_gradients\": true, "
-        "\"pack_variable_reads\": true} in %s but {\"fuse_dense_gradients\": "
-        "true} in %s" % (PEERS_RUN, copy), "render the files apart"]
+        "\"pack_variable_reads\": true} at %s line %d but "
+        "{\"fuse_dense_gradients\": true} at %s line %d" % (
+            PEERS_RUN, first, copy, first), "render them apart"]
   assert case == "stock_on_another_ps_config", case
   for r in later:
     if r["impl"] == "stock":
       r["ps_config"] = "inter_op_parallelism_threads: 1"
   _write(copy, later)
-  return [PEERS_RUN, copy], ["'stock' has ps_config null in %s but "
-                             "\"inter_op_parallelism_threads: 1\" in %s" % (
-                                 PEERS_RUN, copy)]
+  return [PEERS_RUN, copy], ["'stock' has ps_config null at %s line 1 but "
+                             "\"inter_op_parallelism_threads: 1\" at %s "
+                             "line 1" % (PEERS_RUN, copy)]
 
 
 @pytest.mark.version_independent

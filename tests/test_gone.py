@@ -621,12 +621,13 @@ def test_a_task_that_misses_one_read_is_looked_at_again_before_it_is_gone(
     caplog):
   """Worker 1's task accepts connections (a listening socket) but its read
   misses the bound at the first look that probes it, as a live task
-  starved of CPU can: not declared gone there; it answers at the second;
-  it misses two reads in a row (the third and fourth): declared gone at
-  the fourth. Worker 2's task refuses connections: declared gone at the
-  first, with no second look. The global step never moves, and the clock
-  is 10 s ahead at each look: every look from the second on is past
-  worker_gone_secs, and probes."""
+  starved of CPU can: not declared gone there, since the second look a
+  pause later (``_lost.lacking``) finds it answering; at the next probing
+  look it misses both reads (the third and fourth): declared gone at the
+  fourth. Worker 2's task refuses connections: declared gone at the first
+  probing look, with no second look at it. The global step never moves,
+  and the clock is 10 s ahead at each reading of it: every look from the
+  second on is past worker_gone_secs, and probes."""
   caplog.set_level(logging.INFO, logger="sync_replicas")
   listening = socket.socket()
   listening.bind(("127.0.0.1", 0))
@@ -644,8 +645,9 @@ def test_a_task_that_misses_one_read_is_looked_at_again_before_it_is_gone(
   finally:
     listening.close()
   # (key, the reads of worker 1 made by then): worker 2 at the first
-  # probing look; worker 1 at its fourth read, the second silent in a row.
-  assert record.declared == [(2, 1), (1, 4)], record.declared
+  # probing look, after worker 1's two reads there; worker 1 at its fourth
+  # read, the second silent one of one look.
+  assert record.declared == [(2, 2), (1, 4)], record.declared
   again = [r.getMessage() for r in caplog.records
            if "looked at again" in r.getMessage()]
   assert len(again) == 2 and all(

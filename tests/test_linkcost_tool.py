@@ -294,3 +294,172 @@ def test_bad_arguments_stop_before_any_namespace_or_host(argv, said,
     linkcost.main(argv)
   assert stopped.value.code == 2
   assert said in capsys.readouterr().err
+
+
+#: The committed runs (docs/scaling.md's tables are their renders).
+SAVED = ROOT / "docs" / "linkcost"
+
+
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _render(capsys, *argv):
+  """``tools/linkcost --render ...``: (exit status, stdout, stderr), with
+  no namespace, host or pool possible."""
+  linkcost = support.load_tool("linkcost")
+
+  def no_run(*_, **__):
+    raise AssertionError("--render started hosts or a run")
+
+  linkcost._hosts_up = no_run
+  linkcost._run = no_run
+  try:
+    status = linkcost.main(["--render", *map(str, argv)])
+  except SystemExit as e:
+    status = e.code
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("name", sorted(p.name for p in SAVED.glob("*.jsonl")))
+def test_render_prints_each_committed_runs_tables(name, capsys):
+  linkcost = support.load_tool("linkcost")
+  rows = _rows(SAVED / name)
+  for extra, shape in (([], linkcost.table), (["--compact"], linkcost.compact)):
+    assert _render(capsys, SAVED / name, *extra) == (
+        0, shape(rows) + "\n", "")
+
+
+@pytest.mark.version_independent
+def test_render_of_the_committed_runs_is_what_scaling_md_shows():
+  # The commands docs/scaling.md gives under its 100 Mbit/s tables, as a
+  # user runs them: every line of each compact table is in the doc.
+  doc = (ROOT / "docs" / "scaling.md").read_text().splitlines()
+  for name in ("mlp-100mbit.jsonl", "many-sparse-100mbit.jsonl"):
+    command = "tools/linkcost --render docs/linkcost/%s --compact" % name
+    assert any(command in line for line in doc), command
+    proc = subprocess.run(
+        [sys.executable, *command.split()], cwd=ROOT, capture_output=True,
+        text=True, timeout=60, check=False)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) > 2 and [l for l in lines if l not in doc] == [], (
+        proc.stdout)
+
+
+def _render_error_case(case, tmp_path):
+  """The --render arguments of ``case``, and what its one line must say."""
+  runs = _rows(SAVED / "mlp-w8-1gbit.jsonl")
+  copy = tmp_path / "runs.jsonl"
+  if case == "missing":
+    return [tmp_path / "nothing.jsonl"], [
+        "no such file: %s" % (tmp_path / "nothing.jsonl"),
+        "tools/linkcost writes runs.jsonl into its --out folder"]
+  if case == "folder":
+    return [tmp_path], ["%s is a folder: give the runs.jsonl in it (%s)" % (
+        tmp_path, copy)]
+  if case == "empty":
+    copy.write_text("\n")
+    return [copy], ["%s holds no runs" % copy, "a runs.jsonl with runs in it"]
+  if case == "cut_short":
+    # A run killed while it wrote its last line.
+    text = (SAVED / "mlp-w8-1gbit.jsonl").read_text()
+    copy.write_text(text[:text.index("\n", 5000) + 700])
+    line = text[:text.index("\n", 5000)].count("\n") + 2
+    return [copy], ["%s line %d is not JSON" % (copy, line),
+                    "a line cut short is a run that was being written"]
+  if case == "table_md":
+    (tmp_path / "table.md").write_text(support.load_tool("linkcost").table(
+        runs) + "\n")
+    return [tmp_path / "table.md"], ["table.md line 1 is not JSON",
+                                     "one JSON object a line"]
+  if case == "bench_runs":
+    peers = ROOT / "docs" / "peers" / "after-2026-11-28.jsonl"
+    return [peers], ["%s line 1 is tools/bench's" % peers,
+                     "tools/bench --render"]
+  if case == "a_list":
+    copy.write_text("[1, 2]\n")
+    return [copy], ["line 1 is a JSON list, not an object"]
+  if case == "a_key_missing":
+    _write(copy, runs[:2] + [{k: v for k, v in runs[2].items()
+                              if k != "busiest_bytes"}])
+    return [copy], ["%s line 3 has no busiest_bytes" % copy,
+                    "give the runs.jsonl of a tools/linkcost --out folder"]
+  if case == "edited_rate":
+    _write(copy, runs[:4] + [dict(runs[4], link_bits=1e8)])
+    return [copy], ["%s line 5 has link_bits 100000000.0, where "
+                    "tools/linkcost writes the bits a second of its "
+                    "link_rate (1000000000.0)" % copy]
+  if case == "edited_count":
+    _write(copy, runs[:1] + [dict(runs[1], workers="8")])
+    return [copy], ['%s line 2 has workers "8", where tools/linkcost writes '
+                    "an int, 1 or more" % copy]
+  if case == "a_line_twice":
+    _write(copy, runs + runs[:1])
+    return [copy], ["%s line %d repeats %s line 1" % (
+        copy, len(runs) + 1, copy), "one run would count twice"]
+  if case == "a_file_twice":
+    return [SAVED / "mlp-w8-1gbit.jsonl"] * 2, ["is given twice"]
+  if case == "two_builds_in_two_files":
+    # The committed 200 and 100 Mbit/s runs: "fastest" gained
+    # prefetch_variable_reads between them.
+    a, b = SAVED / "mlp-200mbit.jsonl", SAVED / "mlp-100mbit.jsonl"
+    return [a, b], ["'fastest' has options", "at %s line 4 but" % a,
+                    '"prefetch_variable_reads": true', "at %s line 3" % b,
+                    "would mix two builds"]
+  if case == "two_builds_in_one_file":
+    # A second run appended to the same --out with another "fastest".
+    later = [dict(r, rep=r["rep"] + 1, options={"transfer_dtype": "float16"})
+             if r["impl"] == "fastest" else dict(r, rep=r["rep"] + 1)
+             for r in runs]
+    _write(copy, runs + later)
+    first = 1 + [r["impl"] for r in runs].index("fastest")
+    return [copy], ["'fastest' has options", "at %s line %d but "
+                    '{"transfer_dtype": "float16"} at %s line %d' % (
+                        copy, first, copy, len(runs) + first)]
+  assert case == "a_model_of_two_sizes", case
+  _write(copy, [dict(r, model_bytes=2 * r["model_bytes"], rep=9)
+                for r in runs if r["scenario"] == "mlp"])
+  return [SAVED / "mlp-w8-1gbit.jsonl", copy], [
+      "'mlp' has model_bytes 1077288", "but 2154576 at %s line 1" % copy]
+
+
+@pytest.mark.version_independent
+@pytest.mark.parametrize("case", [
+    "missing", "folder", "empty", "cut_short", "table_md", "bench_runs",
+    "a_list", "a_key_missing", "edited_rate", "edited_count", "a_line_twice",
+    "a_file_twice", "two_builds_in_two_files", "two_builds_in_one_file",
+    "a_model_of_two_sizes"])
+def test_render_refuses_what_is_not_its_runs_or_cannot_merge(case, tmp_path,
+                                                             capsys):
+  paths, said = _render_error_case(case, tmp_path)
+  status, out, err = _render(capsys, *paths)
+  assert (status, out) == (2, ""), out
+  assert err.startswith("linkcost --render: ") and err.count("\n") == 1, err
+  assert [s for s in said if s not in err] == [], err
+
+
+@pytest.mark.version_independent
+def test_render_merges_files_and_refuses_the_options_of_a_run(capsys):
+  linkcost = support.load_tool("linkcost")
+  # Files of one build merge: the 200 Mbit/s and 1 Gbit/s runs, one table.
+  a, b = SAVED / "mlp-200mbit.jsonl", SAVED / "mlp-w8-1gbit.jsonl"
+  assert _render(capsys, a, b, "--compact") == (
+      0, linkcost.compact(_rows(a) + _rows(b)) + "\n", "")
+  for argv, said in (
+      (["--render", str(a), "--workers", "4"],
+       "so --workers would do nothing: drop it"),
+      (["--render", str(a), "--reps", "2", "--out", "x"],
+       "so --reps and --out would do nothing: drop them"),
+      (["--compact"], "--compact shapes the table of --render")):
+    with pytest.raises(SystemExit) as stopped:
+      linkcost.main(argv)
+    assert stopped.value.code == 2
+    assert said in capsys.readouterr().err

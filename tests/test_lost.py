@@ -208,6 +208,47 @@ def test_the_clause_names_each_worker_that_cannot_push_by_its_task():
       "cannot be reached" % (_lost.REFUSED, _lost.SILENT)), text
 
 
+@pytest.mark.parametrize("answers, stop, named", [
+    ([None, 7], False, []),
+    ([None, None], False, [_lost.SILENT]),
+    ([None], True, []),
+], ids=["answers-the-second-look", "misses-both", "stopped-between"])
+def test_lacking_names_a_task_that_missed_a_read_only_if_it_misses_again(
+    answers, stop, named):
+  """Worker 1's task accepts connections (a listening socket); its reads
+  are scripted (None: missed the bound). Worker 2's refuses them: named at
+  the first look, with no second read of it. The pause between the looks
+  is the caller's ``wait`` (a coordinator's ``wait_for_stop``): a stop
+  there names nobody."""
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(8)
+  addresses = {1: "127.0.0.1:%d" % listening.getsockname()[1],
+               2: "127.0.0.1:%d" % sync_replicas.cluster.free_ports(1)[0]}
+  devices = _lost.key_devices("/job:worker/task:0", 3)
+  reads, waits = [], []
+
+  def read_steps(wanted):
+    reads.append(wanted)
+    return [_diagnose.LocalStep(d, answers.pop(0), "unreachable")
+            for d in wanted]
+
+  def wait(secs):
+    waits.append(secs)
+    return stop
+
+  try:
+    lost = _lost.lacking(keys={1, 2}, addresses=addresses, devices=devices,
+                         read_steps=read_steps, wait=wait)
+  finally:
+    listening.close()
+  assert lost == ([] if stop else [
+      (1, devices[1], addresses[1], reason) for reason in named] + [
+          (2, devices[2], addresses[2], _lost.REFUSED)]), lost
+  assert waits == [_lost.SECOND_LOOK_SECS], waits
+  assert reads == [[devices[1]]] * (1 if stop else 2), reads
+
+
 def test_probe_tells_refused_from_silent():
   silent = socket.socket()
   silent.bind(("127.0.0.1", 0))
@@ -368,7 +409,8 @@ TIMEOUT_MS = 12_000
 class Readme:
   """README's program as 1 ps and 3 worker processes (``lost_task.py``),
   with stock's class or ours, every update averaging all 3 gradients;
-  ``env``: more of the tasks' environment.
+  ``env``: more of the tasks' environment; ``log_info``: the package's INFO
+  lines in each task's log too.
 
   The chief starts last, once the others' servers are up: its sync loop's
   first take starts with its session, and the first update needs every
@@ -377,15 +419,17 @@ class Readme:
   """
 
   def __init__(self, tmp_path, impl, *, steps=100_000, env=None,
-               batches=None, ps_waits="job_end"):
+               batches=None, ps_waits="job_end", op_timeout_ms=TIMEOUT_MS,
+               log_info=False):
     self._dir = tmp_path / impl
     self._dir.mkdir()
     ports = _ports.free_ports(4)
     self.cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
                     "worker": ["127.0.0.1:%d" % p for p in ports[1:]]}
     self._spec = {"cluster": self.cluster, "impl": impl, "replicas": 3,
-                  "steps": steps, "op_timeout_ms": TIMEOUT_MS,
-                  "batches": batches, "ps_waits": ps_waits}
+                  "steps": steps, "op_timeout_ms": op_timeout_ms,
+                  "batches": batches, "ps_waits": ps_waits,
+                  "log_info": log_info}
     self.procs = {}
     copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(
@@ -617,5 +661,65 @@ def test_a_data_end_still_ends_every_task_with_exit_0(tmp_path):
       assert _exit_code(job, task, timeout=120) == 0, job.log(task)[-3000:]
       assert job.end(task)["event"] == "done", job.end(task)
     assert _exit_code(job, 0, "ps") == 0, job.log(0, "ps")[-3000:]
+  finally:
+    job.close()
+
+
+#: The second-look test's operation timeout: its lead (10 s) holds a look,
+#: a second one and the update that comes after it.
+SECOND_LOOK_TIMEOUT_MS = 20_000
+#: The line of a look that found a task silent once (``_lost.lacking``).
+LOOKED_AGAIN = "is looked at again"
+
+
+def _stop_until_looked_at_again(job, stopped, looker):
+  """SIGSTOPs task ``stopped`` (``(job, index)``) until a look of worker
+  ``looker``'s found it silent once (its log says it looks again) or that
+  worker ended, then resumes it; returns what the look's line said."""
+  pid = job.procs[stopped].pid
+  with support.held(lambda signum: os.killpg(pid, signum)):
+    support.wait_until(
+        lambda: LOOKED_AGAIN in job.log(looker) or job.end(looker),
+        timeout=SECOND_LOOK_TIMEOUT_MS / 1000 + 60,
+        what="worker %d's look at the stopped %s%d" % (looker, *stopped),
+        interval=0.1)
+  return [line for line in job.log(looker).splitlines()
+          if LOOKED_AGAIN in line]
+
+
+@pytest.mark.timeout(300)
+def test_a_task_that_misses_one_read_is_looked_at_again_before_it_is_named(
+    tmp_path):
+  """A live task starved past one read's bound must not be called unable to
+  push. Worker 2 is SIGSTOPped until the chief's look before the
+  operation timeout has found it silent once, then resumed: the chief
+  looks again, finds it answering, and the job goes on (one read alone
+  stopped the job with SyncTimeoutError naming worker 2, seen). Then the
+  chief is stopped until worker 1's watch on it has found it silent once,
+  and resumed: the workers train on (one read alone ended worker 1 with
+  SyncTimeoutError naming the chief, seen)."""
+  job = Readme(tmp_path, "ours", op_timeout_ms=SECOND_LOOK_TIMEOUT_MS,
+               log_info=True)
+  try:
+    support.wait_until(lambda: job.step() >= 20, timeout=120,
+                       what="the chief past step 20", interval=0.1)
+    for stopped, looker in ((("worker", 2), 0), (("worker", 0), 1)):
+      lines = _stop_until_looked_at_again(job, stopped, looker)
+      ends = {task: job.end(task) for task in range(3)}
+      assert lines and not any(ends.values()), (
+          stopped, lines, ends, job.log(looker)[-3000:])
+      assert "%s%d at %s accepts connections" % (
+          stopped[0], stopped[1], job.cluster["worker"][stopped[1]]) in (
+              lines[0]), lines
+      # The job goes on: updates come again, and no task ends.
+      step = job.step()
+      support.wait_until(lambda s=step: job.step() >= s + 20, timeout=60,
+                         what="updates after %s%d's stop" % stopped,
+                         interval=0.1)
+      ends = {task: job.end(task) for task in range(3)}
+      assert not any(ends.values()), (stopped, ends)
+      print("%s%d stopped until worker %d looked at it once: looked at "
+            "again, the job went on (step %d -> %d): %s" % (
+                *stopped, looker, step, job.step(), lines[0]))
   finally:
     job.close()

@@ -21,13 +21,12 @@ so a median ratio is only called slower or faster when the whole interval
 of that median is on one side of 1.0.
 """
 
-import json
 import math
 import os
-import pathlib
 import re
 import statistics
 
+import _runs_file
 from _bench_protocol import ALL_IMPLS
 from _bench_protocol import IMPLS
 from _bench_protocol import PEERS
@@ -490,9 +489,7 @@ def plot(summary, path):
 #: What the report reads of every line of runs.jsonl.
 RUN_KEYS = ("scenario", "workers", "impl", "rep", "metrics")
 
-
-class RunsFileError(ValueError):
-  """Saved runs that cannot be read back, or not merged into one report."""
+RunsFileError = _runs_file.RunsFileError
 
 
 def read_runs(paths):
@@ -502,7 +499,8 @@ def read_runs(paths):
   every (scenario, W) cell comes from one file, because a cell's ratios pair
   its implementations' runs of one repetition, which only one bench ran
   interleaved; and when an implementation's name stands for one build
-  (options, ps config) in all of them, because it is one column.
+  (options, ps config) in all of them, because it is one column
+  (``_runs_file.read``).
 
   Args:
     paths: runs.jsonl files, as tools/bench writes them into its --out.
@@ -516,10 +514,9 @@ def read_runs(paths):
   """
   rows = []
   cells = {}  # (scenario, W): the file that holds it.
-  builds = {}  # (impl, "options" or "ps_config"): (value, the file).
-  for path in map(pathlib.Path, paths):
-    own = _read_runs_file(path)
-    for row in own:
+  for path, own in _runs_file.read(paths, BENCH_RUNS):
+    lines = {}  # (scenario, W, impl, rep): its line number.
+    for number, row in own:
       cell = (row["scenario"], row["workers"])
       if cells.get(cell, path) != path:
         raise RunsFileError(
@@ -528,86 +525,35 @@ def read_runs(paths):
             "one bench, and would pair runs of two; render the files apart, "
             "or remove the cell's lines from one of them" % (
                 cells[cell], path, *cell))
-      for field in _build_fields(row):
-        value, first = builds.setdefault((row["impl"], field),
-                                         (row[field], path))
-        if value != row[field]:
-          raise RunsFileError(
-              "%r has %s %s in %s but %s in %s: one column of the merged "
-              "report would mix two builds; render the files apart" % (
-                  row["impl"], field, json.dumps(value, sort_keys=True),
-                  first, json.dumps(row[field], sort_keys=True), path))
-    if any(cells.get((r["scenario"], r["workers"])) == path for r in own):
-      raise RunsFileError("%s is given twice: give each file once" % path)
-    cells.update({(r["scenario"], r["workers"]): path for r in own})
-    rows += own
+      cells[cell] = path
+      key = (*cell, row["impl"], row["rep"])
+      if key in lines:
+        raise RunsFileError(
+            "%s line %d and line %d are both the run of %s at W = %d, %s, "
+            "repetition %d, which a bench makes once: if the file joins two "
+            "benches' runs.jsonl, give them to --render as two files" % (
+                path, number, lines[key], *key))
+      lines[key] = number
+      rows.append(row)
   return rows
 
 
 def _build_fields(row):
-  """The fields of ``row`` that say how its implementation was built: its
-  ps config, and for ours and a variant its options (stock, async and a
-  peer take none; rows of a bench older than a field lack it)."""
+  """``(impl, field)`` of each field of ``row`` that says how its
+  implementation was built: its ps config, and for ours and a variant its
+  options (stock, async and a peer take none; rows of a bench older than a
+  field lack it)."""
   fields = ["ps_config"]
   if row["impl"] == "ours" or row["impl"] not in ALL_IMPLS:
     fields.append("options")
-  return [f for f in fields if f in row]
-
-
-def _read_runs_file(path):
-  """One runs.jsonl's rows, each checked to be a run; RunsFileError if not."""
-  if path.is_dir():
-    raise RunsFileError("%s is a folder: give the runs.jsonl in it (%s)" % (
-        path, path / "runs.jsonl"))
-  try:
-    text = path.read_text()
-  except FileNotFoundError:
-    raise RunsFileError(
-        "no such file: %s (tools/bench writes runs.jsonl into its --out "
-        "folder, e.g. runs/bench/runs.jsonl)" % path) from None
-  except UnicodeDecodeError:
-    raise RunsFileError(
-        "%s is not text, so not a runs.jsonl (one JSON object a line, as "
-        "tools/bench writes it into its --out folder)" % path) from None
-  except OSError as e:
-    raise RunsFileError("cannot read %s: %s" % (path, e.strerror)) from None
-  rows = []
-  lines = {}  # (scenario, W, impl, rep): its line number.
-  for number, line in enumerate(text.splitlines(), 1):
-    if not line.strip():
-      continue
-    where = "%s line %d" % (path, number)
-    try:
-      row = json.loads(line)
-    except ValueError as e:
-      raise RunsFileError(
-          "%s is not JSON (%s): a runs.jsonl holds one JSON object a line, "
-          "as tools/bench writes it into its --out folder" % (
-              where, e)) from None
-    _check_run(row, where)
-    key = (row["scenario"], row["workers"], row["impl"], row["rep"])
-    if key in lines:
-      raise RunsFileError(
-          "%s and line %d are both the run of %s at W = %d, %s, repetition "
-          "%d, which a bench makes once: if the file joins two benches' "
-          "runs.jsonl, give them to --render as two files" % (
-              where, lines[key], *key))
-    lines[key] = number
-    rows.append(row)
-  if not rows:
-    raise RunsFileError(
-        "%s holds no runs (a bench stopped before its first run leaves it "
-        "empty): give the runs.jsonl of a bench that ran" % path)
-  return rows
+  return [(row["impl"], f) for f in fields if f in row]
 
 
 def _check_run(row, where):
-  """RunsFileError unless ``row`` is a run as tools/bench writes it."""
+  """RunsFileError unless ``row`` (an object) is a run as tools/bench
+  writes it."""
   what = ("a runs.jsonl line is one run of tools/bench: an object with %s"
           % ", ".join(RUN_KEYS))
-  if not isinstance(row, dict):
-    raise RunsFileError("%s is a JSON %s, not an object: %s" % (
-        where, type(row).__name__, what))
   if "link_rate" in row:
     raise RunsFileError(
         "%s is a run of tools/linkcost (it has a link_rate), whose table "
@@ -624,23 +570,21 @@ def _check_run(row, where):
       hint = "give the runs.jsonl of a bench's --out folder"
     raise RunsFileError("%s has no %s: %s; %s" % (
         where, ", ".join(missing), what, hint))
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-  count = lambda v, least: (isinstance(v, int) and not isinstance(v, bool)
-                            and v >= least)
   metrics = row["metrics"]
-  for ok, field, expected in (
+  _runs_file.check_fields(row, where, (
       (row["scenario"] in SCENARIOS, "scenario",
        "one of this bench's scenarios (%s)" % ", ".join(SCENARIOS)),
-      (count(row["workers"], 1), "workers", "an int, 1 or more"),
+      (_runs_file.is_count(row["workers"], 1), "workers", "an int, 1 or more"),
       (isinstance(row["impl"], str), "impl", "a name"),
-      (count(row["rep"], 0), "rep", "an int, 0 or more"),
+      (_runs_file.is_count(row["rep"], 0), "rep", "an int, 0 or more"),
       (isinstance(metrics, dict)
-       and all(number(metrics.get(k))
+       and all(_runs_file.is_number(metrics.get(k))
                for k in ("global_steps_per_s", "grads_per_s")), "metrics",
-       "an object with the numbers global_steps_per_s and grads_per_s")):
-    if not ok:
-      raise RunsFileError(
-          "%s has %s %s, where tools/bench writes %s: the line was edited, "
-          "or another tool or version wrote it; give a runs.jsonl as this "
-          "bench writes it" % (where, field, json.dumps(row[field])[:200],
-                               expected))
+       "an object with the numbers global_steps_per_s and grads_per_s")),
+      tool="tools/bench")
+
+
+#: tools/bench's runs.jsonl, for ``_runs_file.read``.
+BENCH_RUNS = _runs_file.Kind(
+    tool="tools/bench", example="runs/bench/runs.jsonl", check=_check_run,
+    builds=_build_fields)

@@ -71,7 +71,10 @@ def replicas(state, manifest, reader, target, timeout):
   lost = _lost.lacking(
       keys=set(range(len(devices))) - set(state["done"] or ()),
       addresses=state.get("addresses") or {}, devices=dict(enumerate(devices)),
-      read_steps=lambda wanted: [by_device[d] for d in wanted])
+      read_steps=lambda wanted: [by_device[d] for d in wanted],
+      # One look: the readings above are the ones the replicas' line shows,
+      # and a status command a user runs again is its own second look.
+      wait=None)
   return _diagnose.replicas_clause(
       found, global_step=state["global_step"], tokens=state["tokens"],
       starts=state["starts"],
