@@ -84,6 +84,7 @@ side-by-side measurements.
 
 import array
 import atexit
+import errno
 import json
 import logging
 import os
@@ -127,6 +128,32 @@ def _startup_key(env, executable):
       [executable] + sorted(
           (k, v) for k, v in env.items()
           if k.startswith(STARTUP_PREFIXES) and k not in RUNTIME_ONLY))
+
+
+def readable(watched, timeout):
+  """Those of ``watched`` (sockets or descriptor numbers) that a read would
+  not block on (data, end of file or an error, as select() counts them),
+  waiting up to ``timeout`` seconds for one.
+
+  poll(), not select(): select() refuses any descriptor numbered 1024 or
+  more ("filedescriptor out of range in select()"), which a pytest process
+  with many clusters' sockets and files open reaches, and the zygote with
+  it (its control socket keeps the number it had there).
+  """
+  poller = select.poll()
+  by_fd = {}
+  for item in watched:
+    fd = item if isinstance(item, int) else item.fileno()
+    by_fd[fd] = item
+    poller.register(fd, select.POLLIN)
+  ready = []
+  for fd, events in poller.poll(timeout * 1000.0):
+    if events & select.POLLNVAL:
+      # select() raises on a closed descriptor; so does this, rather than
+      # report it readable for ever.
+      raise OSError(errno.EBADF, "not an open descriptor: %d" % fd)
+    ready.append(by_fd[fd])
+  return ready
 
 
 def threads_of(pid):
@@ -189,8 +216,7 @@ class ForkedTask:
     with self._lock:
       if self._returncode is not None:
         return True
-      ready, _, _ = select.select([self._sock], [], [], timeout)
-      if not ready:
+      if not readable([self._sock], timeout):
         return False
       data = self._sock.recv(256)
       if data:
@@ -267,7 +293,7 @@ class Zygote:
           start_new_session=True)
     finally:
       theirs.close()
-    ready, _, _ = select.select([ours], [], [], START_SECS)
+    ready = readable([ours], START_SECS)
     message = ours.recv(_MAX_MESSAGE) if ready else b""
     if message != b"ready":
       self.stop()
@@ -298,7 +324,7 @@ class Zygote:
           raise ZygoteDied("the zygote's socket: %s" % e) from None
     finally:
       status_theirs.close()
-    ready, _, _ = select.select([status_ours], [], [], REPLY_SECS)
+    ready = readable([status_ours], REPLY_SECS)
     reply = status_ours.recv(_MAX_MESSAGE) if ready else b""
     if not reply:
       status_ours.close()
@@ -496,10 +522,10 @@ def _serve(control):
   while True:
     watched = [control, wake_r] + [c.sock for c in children.values()
                                    if not c.released]
-    readable, _, _ = select.select(watched, [], [], 5.0)
-    if wake_r in readable:
+    ready = readable(watched, 5.0)
+    if wake_r in ready:
       os.read(wake_r, 4096)
-    if control in readable:
+    if control in ready:
       message, ancdata, _, _ = control.recvmsg(
           _MAX_MESSAGE, socket.CMSG_SPACE(4 * array.array("i").itemsize))
       if not message:
@@ -531,7 +557,7 @@ def _serve(control):
       status.sendall(json.dumps({"pid": pid}).encode())
       children[pid] = _Child(pid, status)
     for child in list(children.values()):
-      if child.sock in readable and not child.released:
+      if child.sock in ready and not child.released:
         # The test's side closed its handle (it read the status, or
         # dropped the task): the task may be reaped once it exits.
         child.released = True

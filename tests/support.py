@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -503,6 +504,29 @@ def pid_runs(pid):
   except (FileNotFoundError, ProcessLookupError):
     return False
   return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def listens(port, pid="self"):
+  """True if a socket listens on ``port`` in the network namespace of pid
+  (test_confine's and the demo's checks of a launch's confinement)."""
+  for table in ("tcp", "tcp6"):
+    path = pathlib.Path("/proc/%s/net/%s" % (pid, table))
+    if not path.exists():
+      continue
+    for row in path.read_text().splitlines()[1:]:
+      local, state = row.split()[1], row.split()[3]
+      if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":
+        return True
+  return False
+
+
+def connects(port):
+  """True if 127.0.0.1:``port`` accepts a connection from this process."""
+  try:
+    socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    return True
+  except OSError:
+    return False
 
 
 def kill_group(proc, timeout=30):

@@ -6,27 +6,26 @@ path the demo takes; tests/test_launcher.py runs the module itself).
 A confined launch runs every task in a private network namespace with only
 loopback. These tests look from outside (this test process) and from inside
 (``tools/launch --enter PID``): the port listens inside, a connection from
-outside fails, nothing listens on it in our namespace, and the status
-command the demo prints, run from outside as printed, finds the launch and
-reads the live job inside its namespace. The demo test trains the real
-digits example to its end. The same is checked for the path an ordinary user's launch takes, a
-user namespace of its own around the network one (as root, the test runs
-that launch as another uid through setpriv), with --enter joining both from
-the same user and from root, and refused to another user. Every process
-group is killed in a finally block.
+outside fails, nothing listens on it in our namespace. The same is checked
+for the path an ordinary user's launch takes, a user namespace of its own
+around the network one (as root, the test runs that launch as another uid
+through setpriv), with --enter joining both from the same user and from
+root, and refused to another user. Every process group is killed in a
+finally block.
+
+The demo's own launch, confined, and the status command it prints, run from
+outside as printed, are test_examples' (its demo run also serves the digits
+example's test there).
 """
 
 import contextlib
 import os
 import pathlib
 import re
-import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
@@ -68,35 +67,14 @@ def _env(**extra):
   return env
 
 
-def _listens(port, pid="self"):
-  """True if a socket listens on ``port`` in the network namespace of pid."""
-  for table in ("tcp", "tcp6"):
-    path = pathlib.Path("/proc/%s/net/%s" % (pid, table))
-    if not path.exists():
-      continue
-    for row in path.read_text().splitlines()[1:]:
-      local, state = row.split()[1], row.split()[3]
-      if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":
-        return True
-  return False
-
-
 #: Run inside a namespace: connects to the confined ps.
 _CONNECT = ("import socket; socket.create_connection(('127.0.0.1', 2222), "
             "timeout=2); print('connected')")
 
 
-def _connects(port):
-  try:
-    socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    return True
-  except OSError:
-    return False
-
-
 @pytest.mark.timeout(60)
 def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
-  if _listens(2222):
+  if support.listens(2222):
     pytest.skip("something on this machine already listens on 2222, which "
                 "would make 'closed outside' untestable here")
   proc = subprocess.Popen(
@@ -111,9 +89,12 @@ def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
     output.find(r"\[ps0\] listening", "ps0 listening", timeout=20)
     ps_pid = int(output.find(r"started ps0 \(pid (\d+)\)", "ps0's pid",
                              timeout=5).group(1))
-    assert _listens(2222, ps_pid), "ps0 does not listen in its namespace"
-    assert not _listens(2222), "port 2222 listens in the test's namespace"
-    assert not _connects(2222), "port 2222 accepted a connection from outside"
+    assert support.listens(2222, ps_pid), (
+        "ps0 does not listen in its namespace")
+    assert not support.listens(2222), (
+        "port 2222 listens in the test's namespace")
+    assert not support.connects(2222), (
+        "port 2222 accepted a connection from outside")
     # How sync-replicas-status finds the launch to enter. Other confined
     # launches of this machine may serve 2222 too, each in its namespace.
     assert pid in launch.confined_launches(port=2222)
@@ -256,7 +237,7 @@ def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
   # | CLONE_NEWNET), the uid and gid mapped to themselves, lo brought up
   # with the capability the user namespace grants; and --enter joining the
   # user namespace before the network one.
-  if _listens(2222):
+  if support.listens(2222):
     pytest.skip("something on this machine already listens on 2222, which "
                 "would make 'closed outside' untestable here")
   # The ordinary user must read the launcher and the modules it loads by
@@ -295,9 +276,11 @@ def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
       for task in ("ps0", "chief0"):
         output.find(r"\[%s\] ids %d %d\n" % (task, uid, gid),
                     "%s's own uid and gid inside" % task, timeout=30)
-      assert _listens(2222, ps_pid), "ps0 does not listen in its namespace"
-      assert not _listens(2222), "port 2222 listens in the test's namespace"
-      assert not _connects(2222), (
+      assert support.listens(2222, ps_pid), (
+          "ps0 does not listen in its namespace")
+      assert not support.listens(2222), (
+          "port 2222 listens in the test's namespace")
+      assert not support.connects(2222), (
           "port 2222 accepted a connection from outside")
       enter = [launch, "--enter", str(pid), "--"]
       inside = subprocess.run(prefix + [python, *enter, python, "-c",
@@ -367,114 +350,6 @@ def test_launch_that_cannot_confine_says_so_in_one_line_and_starts_nothing():
   assert "rerun with --unconfined (or SYNC_REPLICAS_UNCONFINED=1)" in (
       proc.stderr)
   assert "started" not in proc.stdout
-
-
-@pytest.mark.timeout(420)
-def test_demo_trains_confined_and_its_printed_status_command_reads_it(
-    tmp_path):
-  if _listens(2222):
-    pytest.skip("something on this machine already listens on 2222")
-  logdir = tmp_path / "demo"
-  # Slowed steps (a 50 ms median delay, sleeping) keep the job training
-  # until its chief is held (below); once it is held, the hold keeps it
-  # training, so the steps are not what must outlast the read: 300 (600
-  # once) leave 15 s at least from the chief's first progress line.
-  proc = subprocess.Popen(
-      [str(ROOT / "tools" / "_demo"), "--steps", "300", "--delay_ms", "50",
-       "--log_every", "100", "--checkpoint_every", "1000", "--no_plot"],
-      cwd=ROOT, env=_env(SYNC_REPLICAS_DEMO_LOGDIR=str(logdir)),
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-  try:
-    output = support.OutputLines(proc.stdout)
-    command = output.find(r"\[demo\] its sync state, from another terminal "
-                          r"in \S+ while it trains \(from the chief's first "
-                          r"step line on\): (.*)\n",
-                          "the demo's status line", timeout=30).group(1)
-    # The plain command (issue 38: README's line failed during a confined
-    # launch): the venv's status tool, which finds the launch by itself.
-    argv = shlex.split(command)
-    assert os.path.basename(argv[0]) == "sync-replicas-status", command
-    assert os.path.samefile(ROOT / argv[0], pathlib.Path(
-        sys.executable).parent / "sync-replicas-status"), command
-    assert argv[1:] == ["--manifest", str(logdir), "--ps",
-                        "127.0.0.1:2222"], command
-    support.wait_until(
-        lambda: (logdir / "sync_manifest.json").exists() or (
-            proc.poll() is not None),
-        timeout=180, what="the chief's sync_manifest.json", interval=0.2)
-    assert not _connects(2222), "the demo's ps accepted a connection from " \
-        "outside its namespace"
-    # The chief is held while tools/status runs, so that the job is still
-    # training when it reads, however long its TensorFlow import takes on a
-    # loaded machine (CI once saw the job end in the middle of the read).
-    # The ps serves the read; the other workers wait for tokens. Held once
-    # it trains (its first progress line): the model is initialized then.
-    # In turns of 15 s with 1 s to step between them: one 60 s stop broke
-    # the chief's session (support.HOLD_TURN_SECS), and 1 s is about 10 of
-    # the 300 steps.
-    output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
-                "progress line", timeout=180)
-    # tools/launch starts each task as the leader of a process group.
-    chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
-                            "the chief's pid", timeout=1).group(1))
-    held_at = time.monotonic()
-    with support.held_in_turns(lambda signum: os.killpg(chief, signum)):
-      assert proc.poll() is None, "the demo ended before its chief was held"
-      # The printed command, run as printed from outside the namespace.
-      inside = _run_bounded(argv).finish(240)
-      still_training = proc.poll() is None
-    held_secs = time.monotonic() - held_at
-    proc.wait(timeout=300)
-    # The same command once the demo has ended (issue 46, item 2: it timed
-    # out, then sent the user to --enter PID, a dead end): it says so, at
-    # once, without TensorFlow's import.
-    after_start = time.monotonic()
-    after = _run_bounded(argv).finish(60)
-    after_secs = time.monotonic() - after_start
-  finally:
-    support.kill_group(proc)
-  assert after.returncode == 1, (after.stdout, after.stderr)
-  assert after.stderr.startswith(
-      "sync-replicas-status: the job that wrote %s has ended: " % (
-          logdir / "sync_manifest.json")), after.stderr
-  assert after_secs < 10, "took %.1f s: %s" % (after_secs, after.stderr)
-  text = output.finish()
-  assert inside.returncode == 0, (inside.stdout, inside.stderr)
-  assert re.search(r"global_step: \d+", inside.stdout), inside.stdout
-  assert "hidden/weights" in inside.stdout and "/2 " in inside.stdout
-  assert still_training, "training ended before tools/status returned"
-  assert ("sync-replicas-status: reading inside the network namespace of "
-          "sync-replicas-launch %d, where the job runs\n" % proc.pid
-          ) == inside.stderr, inside.stderr
-  # How long the chief was held (in turns), every task's own lines, then
-  # the end of the output.
-  story = "chief held %.1f s in turns of %.0f s\n%s\n...\n%s" % (
-      held_secs, support.HOLD_TURN_SECS, _own_lines(text)[-6000:],
-      text[-3000:])
-  assert proc.returncode == 0, story
-  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 300",
-                   text), story
-  # Quiet as stock or quieter (issue 16): the demo once printed TensorFlow's
-  # QueueRunner deprecation in every process, from our runner's constructor.
-  package = str(ROOT / "sync_replicas") + os.sep
-  ours = [line for line in text.splitlines()
-          if "deprecated" in line and package in line]
-  assert not ours, "\n".join(ours)
-
-
-def _own_lines(text):
-  """The output's lines but for tracebacks' frames and code (indented)."""
-  return "\n".join(line for line in text.splitlines()
-                   if not re.match(r"(\[\w+\] )?\s", line))
-
-
-def _run_bounded(argv):
-  thread = support.BoundedThread(
-      lambda: subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True,
-                             text=True, timeout=200),
-      name="run-" + os.path.basename(argv[0]))
-  thread.start()
-  return thread
 
 
 @pytest.mark.timeout(120)

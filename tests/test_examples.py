@@ -13,10 +13,12 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -72,7 +74,130 @@ def _final_accuracy(out):
   return float(found[0])
 
 
-@pytest.mark.timeout(600)
+def _demo_env(**extra):
+  env = dict(_env(), **extra)
+  env.pop("SYNC_REPLICAS_UNCONFINED", None)
+  # The demo's `python` is the one running these tests.
+  env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+  return env
+
+
+#: The demo's run (tools/_demo: ./tools/demo once its venv exists), with
+#: the digits test's first run's arguments. Slowed steps (a 100 ms median
+#: delay, sleeping) keep the job training from the chief's first progress
+#: line (step 20) until the demo test holds the chief: 80 steps, about 8 s,
+#: where the hold follows the line at once; once held, the hold keeps it
+#: training, so the steps are not what must outlast the status read.
+DEMO_ARGS = ("--steps", "100", "--log_every", "20", "--checkpoint_every",
+             "50", "--slow_replica", "2", "--slow_ms", "30", "--delay_ms",
+             "100")
+
+
+@pytest.fixture(scope="module", name="demo")
+def _demo(tmp_path_factory):
+  """One run of the demo's cluster, confined, which two tests read: the
+  demo test (its confinement, and its printed status command, run as
+  printed while it trains and once it has ended) and the digits test (what
+  the example learned and wrote, then its resumes in the same log
+  directory). One run instead of two saves a cluster of four TensorFlow
+  processes (about 35 CPU-seconds).
+
+  The status command runs during the run and at once after its end, before
+  the digits test's resumes rewrite the manifest: everything is gathered
+  here and asserted by the tests. Where something outside listens on 2222,
+  the demo's port, the demo still trains in its namespace (for the digits
+  test), but the command it prints could reach that other server: it is
+  not run, and the demo test skips saying so.
+  """
+  busy = support.listens(2222)
+  logdir = tmp_path_factory.mktemp("demo")
+  proc = subprocess.Popen(
+      [str(ROOT / "tools" / "_demo"), *DEMO_ARGS], cwd=ROOT,
+      env=_demo_env(SYNC_REPLICAS_DEMO_LOGDIR=str(logdir)),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    output = support.OutputLines(proc.stdout)
+    command = output.find(r"\[demo\] its sync state, from another terminal "
+                          r"in \S+ while it trains \(from the chief's first "
+                          r"step line on\): (.*)\n",
+                          "the demo's status line", timeout=30).group(1)
+    argv = shlex.split(command)
+    if busy:
+      proc.wait(timeout=300)
+      return types.SimpleNamespace(
+          logdir=logdir, returncode=proc.returncode, text=output.finish(),
+          busy=busy)
+    support.wait_until(
+        lambda: (logdir / "sync_manifest.json").exists() or (
+            proc.poll() is not None),
+        timeout=180, what="the chief's sync_manifest.json", interval=0.2)
+    # Something of this machine's may have started on 2222 since (README's
+    # program, run by hand, listens there): then a connection proves
+    # nothing of the demo's.
+    busy = support.listens(2222)
+    connected_from_outside = not busy and support.connects(2222)
+    # The chief is held while tools/status runs, so that the job is still
+    # training when it reads, however long its TensorFlow import takes on a
+    # loaded machine (CI once saw the job end in the middle of the read).
+    # The ps serves the read; the other workers wait for tokens. Held once
+    # it trains (its first progress line): the model is initialized then.
+    # In turns of 15 s with 1 s to step between them: one 60 s stop broke
+    # the chief's session (support.HOLD_TURN_SECS), and 1 s is about 10
+    # steps.
+    output.find(r"\[chief0\] .*step +\d+ +loss", "the chief's first "
+                "progress line", timeout=180)
+    # tools/launch starts each task as the leader of a process group.
+    chief = int(output.find(r"\[launch\] started chief0 \(pid (\d+)\)",
+                            "the chief's pid", timeout=1).group(1))
+    held_at = time.monotonic()
+    with support.held_in_turns(lambda signum: os.killpg(chief, signum)):
+      training_when_held = proc.poll() is None
+      # The printed command, run as printed from outside the namespace.
+      inside = _run_bounded(argv).finish(240) if training_when_held else None
+      still_training = proc.poll() is None
+    held_secs = time.monotonic() - held_at
+    proc.wait(timeout=300)
+    # The same command once the demo has ended (issue 46, item 2: it timed
+    # out, then sent the user to --enter PID, a dead end): it says so, at
+    # once, without TensorFlow's import.
+    after_start = time.monotonic()
+    after = _run_bounded(argv).finish(60)
+    after_secs = time.monotonic() - after_start
+  finally:
+    support.kill_group(proc)
+  return types.SimpleNamespace(
+      logdir=logdir, returncode=proc.returncode, text=output.finish(),
+      busy=busy, pid=proc.pid, command=command, argv=argv,
+      connected_from_outside=connected_from_outside,
+      training_when_held=training_when_held, inside=inside,
+      still_training=still_training, held_secs=held_secs, after=after,
+      after_secs=after_secs)
+
+
+def _own_lines(text):
+  """The output's lines but for tracebacks' frames and code (indented)."""
+  return "\n".join(line for line in text.splitlines()
+                   if not re.match(r"(\[\w+\] )?\s", line))
+
+
+def _run_bounded(argv):
+  thread = support.BoundedThread(
+      lambda: subprocess.run(argv, cwd=ROOT, env=_demo_env(),
+                             capture_output=True, text=True, timeout=200),
+      name="run-" + os.path.basename(argv[0]))
+  thread.start()
+  return thread
+
+
+def _demo_story(demo):
+  """How long the chief was held (in turns), every task's own lines, then
+  the end of the output."""
+  return "chief held %.1f s in turns of %.0f s\n%s\n...\n%s" % (
+      demo.held_secs, support.HOLD_TURN_SECS, _own_lines(demo.text)[-6000:],
+      demo.text[-3000:])
+
+
+@pytest.mark.timeout(720)
 @pytest.mark.newest_only(reason=(
     "examples.digits under the launcher (MonitoredTrainingSession, read by "
     "the status tool) trains under every version in test_hosts' "
@@ -82,12 +207,13 @@ def _final_accuracy(out):
     "this test adds (the example's resume and nothing-to-train lines, its "
     "plot, its timeline's runs, one numbering) is the example's and the "
     "tools' own bookkeeping (56 CPU-seconds on 2.15)"))
-def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
-  out = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
-                "examples.digits", "--steps", "100", "--log_every", "25",
-                "--checkpoint_every", "50", "--logdir", str(tmp_path),
-                "--slow_replica", "2", "--slow_ms", "30",
-                "--timeline_dir", str(tmp_path / "timeline"))
+def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(demo):
+  # Its first run is the demo's (tools/_demo: tools/launch --ps 1 --workers
+  # 3 --backup 1, confined, examples.digits with DEMO_ARGS), in its logdir.
+  logdir = demo.logdir
+  out = demo.text
+  assert demo.returncode == 0, "launcher exited %d:\n%s" % (
+      demo.returncode, out[-6000:])
   assert "resuming" not in out
   assert _final_accuracy(out) > 0.8, out[-4000:]  # chance: 0.1
   assert re.search(r"\[chief0\] step +\d+  loss \d\.\d+  test accuracy "
@@ -102,11 +228,11 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert "[worker0] worker0 done after " in out, out[-4000:]
   assert late or "[worker1] worker1 done after " in out, out[-4000:]
   assert "[launch] worker1 exited 0" in out, out[-4000:]
-  assert (tmp_path / "checkpoint").is_file()
-  assert (tmp_path / "sync_manifest.json").is_file()  # For tools/status.
-  assert list(tmp_path.glob("model.ckpt-*.index"))
-  assert list(tmp_path.glob("events.out.tfevents.*"))
-  plot = tmp_path / "training.png"
+  assert (logdir / "checkpoint").is_file()
+  assert (logdir / "sync_manifest.json").is_file()  # For tools/status.
+  assert list(logdir.glob("model.ckpt-*.index"))
+  assert list(logdir.glob("events.out.tfevents.*"))
+  plot = logdir / "training.png"
   assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # The timeline every task wrote, merged now that all have ended, and the
   # chief said where it is. The slowed replica (worker1, replica 2) waits
@@ -118,10 +244,10 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   # its first run, which leaves no time between runs to measure. Finding
   # the slow worker from a trace, every time, is test_timeline's cluster
   # test (no backup there, so every update waits for it).
-  assert "timeline written to %s" % (tmp_path / "timeline") in out
-  rows, _ = timeline.merge(str(tmp_path / "timeline"),
-                        out=str(tmp_path / "trace.json"),
-                        png=str(tmp_path / "last.png"))
+  assert "timeline written to %s" % (logdir / "timeline") in out
+  rows, _ = timeline.merge(str(logdir / "timeline"),
+                        out=str(logdir / "trace.json"),
+                        png=str(logdir / "last.png"))
   # A replica that found nothing to train writes no timeline.
   assert set(rows) == {"chief0", "worker0"} | (set() if late else {
       "worker1"}), rows
@@ -129,7 +255,7 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
     assert rows["worker1"]["steps"] >= 1, rows
   if not late and rows["worker1"]["steps"] >= 2:
     assert rows["worker1"]["median_between_runs_ms"] >= 30.0, rows
-  assert (tmp_path / "last.png").read_bytes()[:4] == b"\x89PNG"
+  assert (logdir / "last.png").read_bytes()[:4] == b"\x89PNG"
   # The same command again (issue 38: it resumed silently, and its timeline
   # mixed with the first run's): it says it resumes, and from which step,
   # and the merge takes its own run only unless told otherwise. This run
@@ -141,16 +267,16 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   again, read, cluster = _launch_read_by_status(
       ["--unconfined", "--ps", "1", "--workers", "3"], "examples.digits",
       "--steps", "140", "--log_every", "20", "--checkpoint_every", "50",
-      "--logdir", str(tmp_path), "--no_plot", "--slow_replica", "2",
-      "--slow_ms", "1000", "--timeline_dir", str(tmp_path / "timeline"),
-      logdir=tmp_path)
+      "--logdir", str(logdir), "--no_plot", "--slow_replica", "2",
+      "--slow_ms", "1000", "--timeline_dir", str(logdir / "timeline"),
+      logdir=logdir)
   assert re.search(r"\[chief0\] resuming from step 1\d\d: %s holds an "
-                   r"earlier run's checkpoint" % re.escape(str(tmp_path)),
+                   r"earlier run's checkpoint" % re.escape(str(logdir)),
                    again), again[-4000:]
   # TensorFlow's note about its own deprecated call, on a restore: dropped.
   assert "get_checkpoint_mtimes" not in again, again[-4000:]
-  latest, left_out = timeline.merge(str(tmp_path / "timeline"))
-  both, none_left = timeline.merge(str(tmp_path / "timeline"), all_runs=True)
+  latest, left_out = timeline.merge(str(logdir / "timeline"))
+  both, none_left = timeline.merge(str(logdir / "timeline"), all_runs=True)
   assert left_out >= first and none_left == 0, (left_out, first)
   assert sum(r["steps"] for r in both.values()) == (
       sum(r["steps"] for r in latest.values()) + first)
@@ -161,10 +287,10 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   # timeline are the earlier runs'.
   plot_before = plot.read_bytes()
   step = int(tf.train.load_variable(
-      tf.train.latest_checkpoint(str(tmp_path)), "global_step"))
+      tf.train.latest_checkpoint(str(logdir)), "global_step"))
   idle = _launch(["--ps", "1", "--workers", "3", "--backup", "1"],
                  "examples.digits", "--steps", str(step), "--logdir",
-                 str(tmp_path), "--timeline_dir", str(tmp_path / "timeline"))
+                 str(logdir), "--timeline_dir", str(logdir / "timeline"))
   assert re.search(r"\[chief0\] resuming from step %d: .* so nothing is "
                    r"trained" % step, idle), idle[-4000:]
   for name in ("chief0", "worker0", "worker1"):
@@ -173,8 +299,8 @@ def test_digits_learns_on_1_ps_and_3_replicas_with_a_backup(tmp_path):
   assert "final test accuracy" not in idle, idle[-4000:]
   assert plot.read_bytes() == plot_before
   assert int(tf.train.load_variable(
-      tf.train.latest_checkpoint(str(tmp_path)), "global_step")) == step
-  assert timeline.merge(str(tmp_path / "timeline"))[0] == latest
+      tf.train.latest_checkpoint(str(logdir)), "global_step")) == step
+  assert timeline.merge(str(logdir / "timeline"))[0] == latest
 
 
 def _launch_read_by_status(cluster_args, module, *argv, logdir,
@@ -244,6 +370,56 @@ def _check_one_numbering(text, read, cluster, rows):
         text[-4000:]
   assert sorted(rows) == [n for n in names if n not in late], rows
   assert "key " not in read[0] and "worker key" not in text, text[-4000:]
+
+
+@pytest.mark.timeout(420)
+# Version-independent (tests/conftest.py), as test_confine: the launcher's
+# confinement and the status tool's way into the launch import no
+# TensorFlow; the demo's program trains under every version elsewhere (this
+# file's other examples, test_hosts' digits), and the run it reads is the
+# digits test's, itself left to the newest TensorFlow.
+@pytest.mark.version_independent
+def test_demo_trains_confined_and_its_printed_status_command_reads_it(demo):
+  if demo.busy:
+    pytest.skip("something on this machine listened on 2222, the demo's "
+                "port, while the demo ran")
+  # The plain command (issue 38: README's line failed during a confined
+  # launch): the venv's status tool, which finds the launch by itself.
+  argv = demo.argv
+  assert os.path.basename(argv[0]) == "sync-replicas-status", demo.command
+  assert os.path.samefile(ROOT / argv[0], pathlib.Path(
+      sys.executable).parent / "sync-replicas-status"), demo.command
+  assert argv[1:] == ["--manifest", str(demo.logdir), "--ps",
+                      "127.0.0.1:2222"], demo.command
+  assert not demo.connected_from_outside, ("the demo's ps accepted a "
+                                           "connection from outside its "
+                                           "namespace")
+  assert demo.training_when_held, "the demo ended before its chief was held"
+  after = demo.after
+  assert after.returncode == 1, (after.stdout, after.stderr)
+  assert after.stderr.startswith(
+      "sync-replicas-status: the job that wrote %s has ended: " % (
+          demo.logdir / "sync_manifest.json")), after.stderr
+  assert demo.after_secs < 10, "took %.1f s: %s" % (demo.after_secs,
+                                                    after.stderr)
+  inside = demo.inside
+  assert inside.returncode == 0, (inside.stdout, inside.stderr)
+  assert re.search(r"global_step: \d+", inside.stdout), inside.stdout
+  assert "hidden/weights" in inside.stdout and "/2 " in inside.stdout
+  assert demo.still_training, "training ended before tools/status returned"
+  assert ("sync-replicas-status: reading inside the network namespace of "
+          "sync-replicas-launch %d, where the job runs\n" % demo.pid
+          ) == inside.stderr, inside.stderr
+  story = _demo_story(demo)
+  assert demo.returncode == 0, story
+  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 100",
+                   demo.text), story
+  # Quiet as stock or quieter (issue 16): the demo once printed TensorFlow's
+  # QueueRunner deprecation in every process, from our runner's constructor.
+  package = str(ROOT / "sync_replicas") + os.sep
+  ours = [line for line in demo.text.splitlines()
+          if "deprecated" in line and package in line]
+  assert not ours, "\n".join(ours)
 
 
 @pytest.mark.timeout(240)

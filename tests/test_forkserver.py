@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+import resource
 import signal
 import subprocess
 import sys
@@ -195,6 +196,55 @@ def test_a_killed_zygote_takes_its_tasks_and_spawn_falls_back(
     assert len(lines) == 1 and "starting %s fresh" % script in lines[0], lines
   finally:
     zygote.stop()
+
+
+#: select() takes descriptors below this number only (glibc's FD_SETSIZE).
+FD_SETSIZE = 1024
+
+
+def test_descriptors_numbered_past_select_s_limit_are_waited_on(tmp_path):
+  """select() fails ("filedescriptor out of range") on a descriptor numbered
+  1024 or more, which a pytest process running several clusters reached
+  (TensorFlow 2.15, three files in one process). With every lower number
+  taken, the zygote's control socket (on both sides: the zygote keeps the
+  number it is passed), the task's status socket and the task's pipe all
+  get higher numbers, and every wait on them still works."""
+  soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+  need = FD_SETSIZE + 200
+  if hard != resource.RLIM_INFINITY and hard < need:
+    pytest.skip("the hard limit on open files (%d) is under %d" % (hard, need))
+  resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+  fillers = []
+  try:
+    # os.open returns the lowest free number: once it returns one past
+    # FD_SETSIZE, every number below is taken, so all later ones are higher.
+    while not fillers or fillers[-1] <= FD_SETSIZE:
+      fillers.append(os.open(os.devnull, os.O_RDONLY))
+    script = _script(tmp_path, """
+        import sys
+        print(sys.stdin.fileno(), sys.stdout.fileno(), flush=True)
+        sys.exit(5)
+        """)
+    zygote = _forkserver.Zygote(dict(os.environ), preload=())
+    try:
+      task = _spawn(zygote, [sys.executable, str(script)],
+                    stdout=subprocess.PIPE)
+      assert task.stdout.fileno() > FD_SETSIZE, task.stdout.fileno()
+      # The task's streams are 0-2 as ever; what it prints proves it ran.
+      assert task.stdout.readline() == b"0 1\n"
+      task.stdout.close()
+      assert task.wait(timeout=30) == 5
+      assert task.returncode == 5
+      # The zygote still serves: its loop waits on the high number too.
+      again = _spawn(zygote, [sys.executable, str(script)],
+                     stdout=subprocess.DEVNULL)
+      assert again.wait(timeout=30) == 5
+    finally:
+      zygote.stop()
+  finally:
+    for fd in fillers:
+      os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_nothing_outlives_a_killed_pytest(tmp_path):

@@ -399,11 +399,19 @@ class _ReleaseAtStart(tf.compat.v1.train.SessionRunHook):
 
   def __init__(self, gate, at, early):
     self._gate, self._at, self._early = gate, at, early
+    # Set once this hook has returned: the live workers' hold at X + 1 is
+    # a state that lasts only until the test opens the gate, so the test
+    # opens it after this hook saw it, never before (a release between
+    # the two left this hook waiting for a hold that had passed).
+    self.returned = threading.Event()
 
   def after_create_session(self, session, coord):
     del session, coord
-    self._gate.open_to(self._at + 1)
-    self._gate.wait_for([0, 1], self._at + 1, also=self._early)
+    try:
+      self._gate.open_to(self._at + 1)
+      self._gate.wait_for([0, 1], self._at + 1, also=self._early)
+    finally:
+      self.returned.set()
 
 
 def _step_of(cluster, jobs):
@@ -466,8 +474,8 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
       monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
       back = Worker(cluster, 2, replicas=W, rows=rows, last_step=last_step,
                     worker_gone_secs=GONE_SECS)
-      back.hooks.append(_ReleaseAtStart(
-          gate, at, early=lambda: lines(back_at_start)))
+      release = _ReleaseAtStart(gate, at, early=lambda: lines(back_at_start))
+      back.hooks.append(release)
       returned = support.BoundedThread(back.train, ready, name="worker-2b")
       returned.start()
       # The chief's first look at the start (before the fix, the take-back
@@ -477,6 +485,10 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
           timeout=JOB_SECS, what="the chief's line on worker 2's start",
           interval=0.02)
       gate.wait_for([0, 1], at + 1, also=lambda: lines(back_at_start))
+      support.wait_until(
+          lambda: release.returned.is_set() or not returned.is_alive(),
+          timeout=JOB_SECS, what="worker 2's start hook seeing the hold",
+          interval=0.02)
       gate.open_to(last_step + 1)
       # Progress, not a deadline: fails once the step stops moving.
       moved = [time.monotonic(), _step_of(cluster, jobs)]

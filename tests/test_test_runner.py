@@ -298,18 +298,63 @@ def test_scale_without_a_reason_naming_the_proof_is_refused():
                               "t") == reason
 
 
-def test_save_expected_is_refused_before_anything_runs_but_with_all(
-    monkeypatch, capsys):
-  # The committed schedule is CI's, which runs every tier: a default run's
-  # figures would make the files with scale tests look short.
-  monkeypatch.delenv(_run_tests.ALL_TIERS_ENV, raising=False)
-  monkeypatch.setattr(_run_tests, "make_jobs", lambda *a, **k: pytest.fail(
-      "jobs were made"))
-  assert _run_tests.main(["--save-expected"]) == 4
-  assert "only from a run of every tier: add --all" in capsys.readouterr().err
-  assert _run_tests.ALL_TIERS_ENV not in os.environ
-  args, _ = _run_tests.parse_args(["--all", "--save-expected"])
-  assert args.all and args.save_expected
+def test_a_default_runs_save_goes_to_its_own_part_of_the_committed_record(
+    tmp_path, monkeypatch):
+  # A default run's figures (its files shorter by their skipped scale
+  # tests) would make CI's --all pack those files as short: they go to a
+  # part of their own, which only a default run reads.
+  record = tmp_path / "test_durations.json"
+  monkeypatch.setattr(_run_tests, "EXPECTED_PATH", record)
+  every = _finished_job(tmp_path, "tests/test_a.py",
+                        {"test_a.py": [40, 60], "test_b.py": [3]}, peak=900,
+                        threads={"test_a.py": 850, "test_b.py": 20})
+  assert _run_tests.record_measured([every], [], path=record) == 2
+  default = _finished_job(tmp_path, "tests/test_a.py", {"test_a.py": [40]},
+                          peak=900, threads={"test_a.py": 850})
+  assert _run_tests.record_measured(
+      [default], [], path=record, part=_run_tests.DEFAULT_PART) == 1
+  whole = {"test_a.py": (100.0, 850), "test_b.py": (3.0, 20)}
+  assert _run_tests.load_measured(record) == whole
+  assert _run_tests.load_measured(record, _run_tests.DEFAULT_PART) == {
+      "test_a.py": (40.0, 900)}
+  # A clean clone (nothing measured of its own): the default run by the
+  # default part where it has the file, --all by the whole suite's.
+  monkeypatch.setattr(_run_tests, "MEASURED_DIR", tmp_path / "none")
+  monkeypatch.setattr(_run_tests, "EXPECTED", whole)
+  try:
+    _run_tests.use_tier(False)
+    assert [_run_tests.expected(tmp_path / n) for n in whole] == [
+        (40.0, 900), (3.0, 20)]
+  finally:
+    _run_tests.use_tier(True)
+  assert [_run_tests.expected(tmp_path / n) for n in whole] == [
+      (100.0, 850), (3.0, 20)]
+
+
+def test_a_file_whose_every_test_skipped_keeps_its_earlier_figures(
+    tmp_path):
+  # test_slurm's tests skip where Slurm is missing (all but CI): such a
+  # run's time is not the file's time where it runs. A file whose tests
+  # skipped as the scale tier's is the default run's own figure.
+  record = tmp_path / "venv.json"
+  job = _finished_job(tmp_path, "group 1", {}, peak=900)
+  job.xml.write_text(
+      "<testsuites><testsuite>"
+      '<testcase classname="tests.test_s" name="t0" time="0.1">'
+      '<skipped message="no sbatch here"/></testcase>'
+      '<testcase classname="tests.test_t" name="t0" time="0.2">'
+      '<skipped message="%s: proven by test_u"/></testcase>'
+      '<testcase classname="tests.test_u" name="t0" time="2">'
+      "</testcase>"
+      '<testcase classname="tests.test_u" name="t1" time="0.1">'
+      '<skipped message="no sbatch here"/></testcase>'
+      "</testsuite></testsuites>" % _run_tests.SCALE_SKIP)
+  job.threads_out.write_text(json.dumps(
+      {"test_s.py": 10, "test_t.py": 20, "test_u.py": 30}))
+  assert job.skipped_whole() == {"test_s.py"}
+  assert _run_tests.record_measured([job], [], path=record) == 2
+  assert _run_tests.load_measured(record) == {"test_t.py": (0.2, 20),
+                                              "test_u.py": (2.1, 30)}
 
 
 def test_the_default_run_schedules_by_its_own_record_first(tmp_path,
@@ -383,7 +428,10 @@ def test_a_clean_clone_schedules_by_a_committed_green_runs_record():
 def test_every_expected_file_exists():
   # A renamed or removed file left in EXPECTED would go unnoticed.
   tests = pathlib.Path(support.TOOLS).parent / "tests"
-  missing = [n for n in _run_tests.EXPECTED if not (tests / n).exists()]
+  default = _run_tests.load_measured(_run_tests.EXPECTED_PATH,
+                                     _run_tests.DEFAULT_PART)
+  missing = [n for n in [*_run_tests.EXPECTED, *default]
+             if not (tests / n).exists()]
   assert not missing, missing
 
 

@@ -245,7 +245,7 @@ def _interrupt(proc, timeout=60):
     "CPU-seconds in two loaded runs), where the default run proves each "
     "part apart: this file's other tests run every console script of the "
     "wheel and import "
-    "its package, test_confine's test_demo_trains_confined_and_its_printed_"
+    "its package, test_examples' test_demo_trains_confined_and_its_printed_"
     "status_command_reads_it launches the demo's cluster confined and reads "
     "it live inside its namespace, test_hosts' cut-link test runs commands "
     "through --enter PID, test_status_tool's --watch tests read snapshots "

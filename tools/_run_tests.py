@@ -242,6 +242,24 @@ class Job:
     return sum(SCALE_SKIP in (skip.get("message") or "")
                for skip in root.iter("skipped"))
 
+  def skipped_whole(self):
+    """The files of this job whose every test skipped, none as the scale
+    tier's: what this machine cannot run (test_slurm's tests without Slurm),
+    whose time here is not the file's time where it runs."""
+    try:
+      root = ET.parse(self.xml).getroot()
+    except (OSError, ET.ParseError):
+      return set()
+    skipped, ran = set(), set()
+    for case in root.iter("testcase"):
+      name = file_of(case.get("classname", ""))
+      skip = case.find("skipped")
+      if skip is None or SCALE_SKIP in (skip.get("message") or ""):
+        ran.add(name)
+      else:
+        skipped.add(name)
+    return skipped - ran
+
   def test_times(self):
     """(seconds, test id) of every test case in this job's JUnit XML."""
     try:
@@ -265,7 +283,8 @@ def parse_args(argv):
   parser.add_argument("--save-expected", action="store_true",
                       help="after a green run of whole files, also write "
                            "its times and threads to tools/test_durations.json"
-                           ", the schedule a clean clone starts from")
+                           ", the schedule a clean clone starts from (a "
+                           "default run's to its default part)")
   parser.add_argument("--jobs", type=int,
                       default=int(os.environ.get("SYNC_REPLICAS_TEST_JOBS",
                                                  "4")),
@@ -292,10 +311,11 @@ def measured_path(prefix=sys.prefix, *, every_tier=True):
   return MEASURED_DIR / (name + ("" if every_tier else "-default") + ".json")
 
 
-def load_measured(path):
-  """file name -> (seconds, threads) from a record; {} if there is none."""
+def load_measured(path, part="files"):
+  """file name -> (seconds, threads) from a record's ``part``; {} if there
+  is none."""
   try:
-    files = json.loads(path.read_text())["files"]
+    files = json.loads(path.read_text())[part]
     return {name: (float(f["secs"]), int(f["threads"]))
             for name, f in files.items()}
   except (OSError, ValueError, KeyError, TypeError):
@@ -305,16 +325,24 @@ def load_measured(path):
 #: The last green run's (seconds, threads) per file, on this machine: a run
 #: of every tier's; the default run puts its own over it (use_tier).
 MEASURED = load_measured(measured_path())
+#: The committed record's figures for this run's tier, between MEASURED and
+#: EXPECTED: the default run's part of it (DEFAULT_PART) for a default run,
+#: nothing for --all (use_tier).
+TIER_EXPECTED = {}
 
 
 def use_tier(every_tier):
   """Schedules by the record of this tier's runs: the default run by the
   last green default run's figures where it has them, else by a run of
-  every tier's (longer: a file's scale tests counted); --all by its own."""
-  global MEASURED
+  every tier's (longer: a file's scale tests counted), else by the
+  committed record's default part, else by its whole-suite part; --all by
+  its own, else by the committed whole-suite part."""
+  global MEASURED, TIER_EXPECTED
   MEASURED = load_measured(measured_path())
+  TIER_EXPECTED = {}
   if not every_tier:
     MEASURED.update(load_measured(measured_path(every_tier=False)))
+    TIER_EXPECTED = load_measured(EXPECTED_PATH, DEFAULT_PART)
 
 
 #: The schedule a checkout without a green run of its own (CI's clean
@@ -325,13 +353,21 @@ def use_tier(every_tier):
 EXPECTED_PATH = ROOT / "tools" / "test_durations.json"
 #: file name -> (seconds, threads), from EXPECTED_PATH.
 EXPECTED = load_measured(EXPECTED_PATH)
+#: EXPECTED_PATH's record of a default run (``tools/test --save-expected``
+#: without --all), beside its whole-suite one ("files", CI's): a file whose
+#: scale tests skip is shorter there, and a clean clone's default run (the
+#: README's ``./tools/test``) packs its processes by it.
+DEFAULT_PART = "default"
 
 
 def expected(path):
-  """(seconds, threads) of a file: the last green run's, else EXPECTED's;
-  unknown files as slow as can be."""
+  """(seconds, threads) of a file: the last green run's, else the committed
+  record's for this tier (TIER_EXPECTED), else EXPECTED's; unknown files as
+  slow as can be."""
   if path.name in MEASURED:
     return MEASURED[path.name]
+  if path.name in TIER_EXPECTED:
+    return TIER_EXPECTED[path.name]
   return EXPECTED.get(path.name, (10_000, PROCESS_THREADS))
 
 
@@ -353,7 +389,10 @@ def measurements(done):
       threads = json.loads(job.threads_out.read_text())
     except (OSError, ValueError):
       threads = {}
+    skipped = job.skipped_whole()
     for secs, _, name in per_file(job.test_times()):
+      if name in skipped:
+        continue
       count = int(threads.get(name, 0))
       if len(job.files) == 1:
         count = max(count, job.peak_threads)
@@ -386,7 +425,7 @@ def load_stretch(done, busy):
 
 
 def record_measured(done, pytest_args, path=None, *, every_tier=True,
-                    stretch=1.0):
+                    stretch=1.0, part="files"):
   """After a run of whole files, stores what its green processes measured.
 
   Files this run did not measure, or measured in a process that failed,
@@ -397,6 +436,8 @@ def record_measured(done, pytest_args, path=None, *, every_tier=True,
   measured divided by ``stretch`` (``load_stretch``): the schedule's
   seconds are the machine's own, whatever load the run that measured them
   had; the wall time measured and the stretch are stored beside it.
+  ``part`` is the record's part to write (EXPECTED_PATH's DEFAULT_PART for
+  a default run's); the others are kept as they are.
   Returns the number of files recorded (0: no process was green, or the
   run selected tests).
   """
@@ -411,7 +452,7 @@ def record_measured(done, pytest_args, path=None, *, every_tier=True,
     record = json.loads(path.read_text())
   except (OSError, ValueError):
     record = {}
-  files = record.get("files", {})
+  files = record.get(part, {})
   now = datetime.datetime.now().isoformat(timespec="seconds")
   cpu = file_cpu(green)
   files.update({name: dict({"secs": round(secs / stretch, 1),
@@ -422,7 +463,8 @@ def record_measured(done, pytest_args, path=None, *, every_tier=True,
                 for name, (secs, threads) in found.items()})
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+  record[part] = files
+  tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
   tmp.replace(path)
   return len(found)
 
@@ -622,12 +664,17 @@ def per_file(tests):
   """
   files = {}
   for secs, name in tests:
-    parts = name.split("::")[0].split(".")
-    module = next((m for m in parts if m.startswith("test_")), parts[-1])
+    module = file_of(name)
     total, count = files.get(module, (0.0, 0))
     files[module] = (total + secs, count + 1)
-  return sorted(((secs, count, module + ".py")
+  return sorted(((secs, count, module)
                  for module, (secs, count) in files.items()), reverse=True)
+
+
+def file_of(test_id):
+  """The file name of a "tests.test_x::test_name" id (per_file's)."""
+  parts = test_id.split("::")[0].split(".")
+  return next((m for m in parts if m.startswith("test_")), parts[-1]) + ".py"
 
 
 def main(argv):
@@ -635,11 +682,6 @@ def main(argv):
   # tools/test passes --all on as the variable (for the files it runs
   # itself too); the processes inherit it, tests/conftest.py reads it.
   every_tier = args.all or os.environ.get(ALL_TIERS_ENV) == "1"
-  if args.save_expected and not every_tier:
-    print("tools/test: --save-expected saves the schedule a clean clone "
-          "(CI, which runs every tier) starts from, so only from a run of "
-          "every tier: add --all", file=sys.stderr)
-    return 4
   if every_tier:
     os.environ[ALL_TIERS_ENV] = "1"
   use_tier(every_tier)
@@ -680,11 +722,14 @@ def main(argv):
               "the next run's schedule" % (
                   recorded, measured_path(every_tier=every_tier)))
       if args.save_expected:
-        saved = record_measured(done, pytest_args, path=EXPECTED_PATH,
-                                stretch=stretch)
+        saved = record_measured(
+            done, pytest_args, path=EXPECTED_PATH, stretch=stretch,
+            part="files" if every_tier else DEFAULT_PART)
         print("tools/test: %s" % (
-            "times and threads of %d files saved in %s, a clean clone's "
-            "schedule" % (saved, EXPECTED_PATH) if saved else
+            "times and threads of %d files saved in %s (%s), a clean "
+            "clone's schedule" % (
+                saved, EXPECTED_PATH, "every tier" if every_tier else
+                "the default run's part") if saved else
             "--save-expected saved nothing: only a green run of whole "
             "files is saved"))
   if any(j.rc not in (0, 5) for j in done) or len(done) < len(jobs):
