@@ -244,6 +244,18 @@ def scale_skip(reason):
           "pytest): %s" % (SCALE_SKIP, ALL_TIERS_ENV, reason))
 
 
+def scale_here(reason):
+  """Skips the running case outside ``./tools/test --all``, as a ``scale``
+  mark does a whole test: for one case of a parametrized test (call it
+  first). ``reason`` names the default tests that prove what it proves."""
+  if len(reason.split()) < 5:
+    raise pytest.UsageError(
+        "scale_here needs a sentence naming the tests that prove its "
+        "function at a small scale in the default run; got %r" % reason)
+  if os.environ.get(ALL_TIERS_ENV) != "1":
+    pytest.skip(scale_skip(reason))
+
+
 def newest_only_here(reason):
   """Skips the running case in CI's older suite, as ``newest_only`` does a
   whole test: for one case of a parametrized test (call it first)."""

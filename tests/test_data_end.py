@@ -133,6 +133,43 @@ def newest_only_case(*key):
     support.newest_only_here(NEWEST_ONLY_CASES[key])
 
 
+#: A stock hang under a Supervisor: the hang is stock's token queue, the
+#: driver only what waits on it.
+_STOCK_HANG_SHOWN = (
+    "a second proof (a process cluster, about 5 CPU-seconds): the hang "
+    "itself is shown by this test's mts cases (stock's class and ours with "
+    "stock's policy, the same token queue), and the Supervisor's loop ending "
+    "on its input by test_default_trains_every_batch_and_every_process_exits"
+    "[supervisor-non-chief-first]")
+
+#: The clusters ./tools/test leaves to --all (and CI), each a second proof
+#: whose parts default cases prove apart (the reason names them).
+SCALE_CASES = {
+    ("default", "supervisor", "chief-first"): (
+        "a second proof (a process cluster, about 5 CPU-seconds): the chief's "
+        "input ending first is proven as processes by [mts-chief-first], a "
+        "Supervisor's loop as processes by [supervisor-non-chief-first], and "
+        "a Supervisor loop whose chief ends first in process by "
+        "test_data_end_protocol's test_a_supervisor_loop_announces_its_end_"
+        "with_one_call[chief_first]"),
+    ("default", "mts", "seed-19"): (
+        "a second proof (a process cluster, about 5 CPU-seconds): a drawn "
+        "seed's shards, one empty, run as processes in [seed-31] (the chief's "
+        "empty), a worker's input ending before the others' in [mts-non-"
+        "chief-first], and a worker with no batch at all in process in "
+        "test_data_end_protocol's test_a_shard_of_no_batches_ends_cleanly"
+        "[a_worker_has_no_data]; this case's draw is still checked first"),
+    ("stock-hang", "supervisor", "stock"): _STOCK_HANG_SHOWN,
+    ("stock-hang", "supervisor", "ours-stock-policy"): _STOCK_HANG_SHOWN,
+}
+
+
+def scale_case(*key):
+  """Skips a case that SCALE_CASES leaves to ./tools/test --all."""
+  if key in SCALE_CASES:
+    support.scale_here(SCALE_CASES[key])
+
+
 DRIVERS = [
     pytest.param("mts", id="mts"),
     pytest.param("supervisor", id="supervisor"),
@@ -194,6 +231,7 @@ def test_default_trains_every_batch_and_every_process_exits(
     pytest.skip("equal shards run under MonitoredTrainingSession only: "
                 "each process cluster costs the suite about 20 CPU-seconds")
   newest_only_case("default", driver, SHARD_NAMES[tuple(shards)])
+  scale_case("default", driver, SHARD_NAMES[tuple(shards)])
   summary = run(tmp_path, impl="ours", shards=shards, driver=driver)
   assert_every_process_exited_promptly(summary)
   assert summary["trained"] == summary["total"], describe(summary)
@@ -210,6 +248,7 @@ def test_default_trains_every_batch_and_every_process_exits(
 def test_default_trains_random_shards_with_an_empty_one(tmp_path, seed):
   assert data_end.draw_shards(seed, workers=3, max_batches=12) == SEEDS[seed]
   newest_only_case("default", "mts", "seed")
+  scale_case("default", "mts", "seed-%d" % seed)
   summary = run(tmp_path, impl="ours", seed=seed)
   assert_every_process_exited_promptly(summary)
   assert summary["trained"] == summary["total"], describe(summary)
@@ -248,6 +287,8 @@ def test_stock_hangs_when_a_non_chief_ends_first(tmp_path, driver, impl,
                                                  policy):
   newest_only_case("stock-hang", driver,
                    "stock" if policy is None else "ours-stock-policy")
+  scale_case("stock-hang", driver,
+             "stock" if policy is None else "ours-stock-policy")
   summary = run(tmp_path, impl=impl, policy=policy, shards=NON_CHIEF_FIRST,
                 driver=driver, init_tokens=0, idle=HANG_IDLE_SECS)
   # Lockstep: each update took one batch of each replica, until replica 1's

@@ -236,6 +236,18 @@ def test_newest_only_here_skips_only_in_cis_older_suite(monkeypatch):
     support.newest_only_here("proven under every version by test_parity")
 
 
+def test_scale_here_skips_but_under_all_and_needs_its_reason(monkeypatch):
+  monkeypatch.setenv(support.ALL_TIERS_ENV, "1")
+  support.scale_here("proven at a small scale by test_parity")
+  monkeypatch.delenv(support.ALL_TIERS_ENV)
+  with pytest.raises(pytest.skip.Exception, match="%s .*: proven at a small "
+                     "scale by test_parity" % support.SCALE_SKIP):
+    support.scale_here("proven at a small scale by test_parity")
+  with pytest.raises(pytest.UsageError, match="naming the tests that prove "
+                     "its function at a small scale"):
+    support.scale_here("too slow")
+
+
 #: A test file under tests/conftest.py: one test of the scale tier, one
 #: of the default run.
 _SCALE_FILE = """
