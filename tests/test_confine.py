@@ -73,6 +73,16 @@ _CONNECT = ("import socket; socket.create_connection(('127.0.0.1', 2222), "
 
 
 @pytest.mark.timeout(60)
+
+def _assert_served_only_inside(ps_pid):
+  """ps0's port 2222 listens in its own namespace and nowhere the test sees."""
+  assert support.listens(2222, ps_pid), (
+      "ps0 does not listen in its namespace")
+  assert not support.listens(2222), (
+      "port 2222 listens in the test's namespace")
+  assert not support.connects(2222), (
+      "port 2222 accepted a connection from outside")
+
 def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
   if support.listens(2222):
     pytest.skip("something on this machine already listens on 2222, which "
@@ -89,12 +99,7 @@ def test_confined_port_is_reachable_inside_and_closed_outside(tmp_path):
     output.find(r"\[ps0\] listening", "ps0 listening", timeout=20)
     ps_pid = int(output.find(r"started ps0 \(pid (\d+)\)", "ps0's pid",
                              timeout=5).group(1))
-    assert support.listens(2222, ps_pid), (
-        "ps0 does not listen in its namespace")
-    assert not support.listens(2222), (
-        "port 2222 listens in the test's namespace")
-    assert not support.connects(2222), (
-        "port 2222 accepted a connection from outside")
+    _assert_served_only_inside(ps_pid)
     # How sync-replicas-status finds the launch to enter. Other confined
     # launches of this machine may serve 2222 too, each in its namespace.
     assert pid in launch.confined_launches(port=2222)
@@ -276,12 +281,7 @@ def test_an_ordinary_users_launch_is_confined_in_a_user_namespace():
       for task in ("ps0", "chief0"):
         output.find(r"\[%s\] ids %d %d\n" % (task, uid, gid),
                     "%s's own uid and gid inside" % task, timeout=30)
-      assert support.listens(2222, ps_pid), (
-          "ps0 does not listen in its namespace")
-      assert not support.listens(2222), (
-          "port 2222 listens in the test's namespace")
-      assert not support.connects(2222), (
-          "port 2222 accepted a connection from outside")
+      _assert_served_only_inside(ps_pid)
       enter = [launch, "--enter", str(pid), "--"]
       inside = subprocess.run(prefix + [python, *enter, python, "-c",
                                         _CONNECT], cwd=copy,
