@@ -1,4 +1,4 @@
-"""A fork server (zygote) for the suite's own task programs.
+"""A fork server (zygote) for the suite's task programs and user repeat runs.
 
 Each task process the fault tests start (tests/crash_task.py,
 tests/lost_task.py, tools/_data_end_task.py) spends 2.5-2.7 of its 3.5-7
@@ -6,9 +6,19 @@ CPU-seconds importing TensorFlow. The zygote imports it once per pytest
 process and forks every task from there: a 1 ps + 3 worker cluster of 200
 steps measured 1.4-1.8 CPU-seconds forked against 14.1-15.4 fresh.
 
-Only for the project's OWN task programs, started by tests: what a user
-runs (README's program, examples/, tests/user_scripts/, the launcher's
-children) keeps fresh processes, since those tests prove the user's path.
+What it forks: the project's OWN task programs (support.start_task), and
+the REPEAT runs of a user's program (support.start_repeat_run). Each way a
+user starts a program keeps one FRESH proof in the default tier: ``python
+SCRIPT.py`` (README's program, the user scripts as written), ``python -m
+sync_replicas.patch SCRIPT.py`` (the patch runner), ``python -m
+examples.MODULE``, the launcher (whose children are its own: never
+forked), and every test that checks what a process prints as it starts
+(TensorFlow's start-up lines) or its import environment. Beyond that one
+proof, a repeat run of a user's program (another start order, another
+script under the same runner) is forked: it proves the program's sync
+behaviour, not how a Python process starts, and the forked child still
+runs the unmodified program as ``__main__`` with the same argv, env and
+cwd. start_repeat_run's docstring names the fresh proof of each way.
 
 How it works
 ------------
@@ -29,11 +39,17 @@ PR_SET_PDEATHSIG(SIGKILL) (so a killed zygote takes its tasks along),
 dup2s the three streams onto 0-2, closes the zygote's descriptors, resets
 the zygote's signal handlers, replaces os.environ with the request's
 (putenv included), chdirs, reseeds numpy's global generator (``random``
-reseeds itself after a fork), sets sys.argv and sys.path[0] as
-``python SCRIPT`` would, and returns out of the zygote's loop to run the
-script with ``runpy.run_path(..., run_name="__main__")`` at the top
-level: SystemExit, an uncaught exception's traceback and exit code 1,
-atexit handlers and the interpreter's exit are those of a fresh process.
+reseeds itself after a fork), sets sys.argv and sys.path[0] as ``python
+SCRIPT`` or ``python -m MODULE`` would (the script's folder, or the
+working directory), and returns out of the zygote's loop to run the
+script with ``runpy.run_path(..., run_name="__main__")``, or the module
+with ``runpy.run_module(..., run_name="__main__", alter_sys=True)`` (which
+sets sys.argv[0] to its file, as ``-m`` does), at the top level:
+SystemExit, an uncaught exception's traceback and exit code 1, atexit
+handlers and the interpreter's exit are those of a fresh process. (Under
+``-m`` a fresh traceback shows two frames of runpy's before the module's,
+which a forked one leaves out, and a module that is not found is an
+ImportError's traceback, not the interpreter's one line; both exit 1.)
 
 The per-task socket carries the task's pid, then, once it exited, its
 status (the exit code, or minus the signal number as Popen gives it). The
@@ -376,9 +392,10 @@ def fresh_reason(argv, *, env, start_new_session, preexec_fn=None):
     return "a preexec_fn runs in the parent's copy, not the zygote's"
   if not start_new_session:
     return "without start_new_session the task would join the zygote's group"
-  if (len(argv) < 2 or argv[0] != sys.executable
-      or not str(argv[1]).endswith(".py")):
-    return "not `%s SCRIPT.py ...`" % sys.executable
+  if len(argv) < 2 or argv[0] != sys.executable or not (
+      str(argv[1]).endswith(".py") or (argv[1] == "-m" and len(argv) > 2)):
+    return "not `%s SCRIPT.py ...` nor `%s -m MODULE ...`" % (
+        sys.executable, sys.executable)
   return None
 
 
@@ -434,7 +451,8 @@ def _fd_of(stream, default_fd, opened, *, stdout_fd=None):
 def spawn(argv, *, env=None, cwd=None, stdin=None,
           stdout=None, stderr=None, start_new_session=True, preexec_fn=None,
           zygote=None):
-  """Starts ``argv`` (``[sys.executable, SCRIPT.py, *args]``) forked from a
+  """Starts ``argv`` (``[sys.executable, SCRIPT.py, *args]`` or
+  ``[sys.executable, "-m", MODULE, *args]``) forked from a
   zygote where it may be (``fresh_reason``), else as ``subprocess.Popen``
   would; the other arguments are Popen's. ``zygote``: this one instead of
   the pytest process's own for ``env`` (tests/test_forkserver.py's, which
@@ -460,7 +478,8 @@ def spawn(argv, *, env=None, cwd=None, stdin=None,
             argv, env=env, cwd=str(cwd) if cwd is not None else os.getcwd(),
             stdin=stdin_fd, stdout=stdout_fd, stderr=stderr_fd)
       except ZygoteDied as e:
-        LOG.warning("fork server: %s; starting %s fresh", e, argv[1])
+        LOG.warning("fork server: %s; starting %s fresh", e,
+                    " ".join(argv[1:3]) if argv[1] == "-m" else argv[1])
         for f in (out_file, err_file):
           if f is not None:
             f.close()
@@ -615,9 +634,19 @@ def _become_child(request, stdin_fd, stdout_fd, stderr_fd):
   numpy = sys.modules.get("numpy")
   if numpy is not None:
     numpy.random.seed()
-  script = request["argv"][1]
-  sys.argv = request["argv"][1:]
-  sys.path[0] = os.path.dirname(os.path.abspath(script))
+  argv = request["argv"]
+  # sys.path[0] as the interpreter sets it (none under -P/PYTHONSAFEPATH,
+  # part of the start-up key: then the zygote's own path has none either).
+  if argv[1] == "-m":
+    # `python -m` puts the working directory first, and "-m" in argv[0]
+    # until runpy replaces it with the module's file (alter_sys, in main).
+    first = os.getcwd()
+    sys.argv = ["-m"] + argv[3:]
+  else:
+    first = os.path.dirname(os.path.abspath(argv[1]))
+    sys.argv = argv[1:]
+  if not getattr(sys.flags, "safe_path", False):
+    sys.path[0] = first
 
 
 def main(argv):
@@ -628,16 +657,23 @@ def main(argv):
   if request is None:
     return 0
   import runpy  # pylint: disable=g-import-not-at-top
-  script = request["argv"][1]
+  argv = request["argv"]
   try:
-    runpy.run_path(script, run_name="__main__")
+    if argv[1] == "-m":
+      # As `python -m`: the module (a package's __main__) runs as
+      # __main__, sys.argv[0] its file while it runs.
+      runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
+    else:
+      runpy.run_path(argv[1], run_name="__main__")
   except (SystemExit, KeyboardInterrupt):
     raise
   except BaseException as e:  # pylint: disable=broad-except
     # A fresh process's traceback starts at the script: leave out the
-    # zygote's and runpy's frames.
+    # zygote's and runpy's frames (the module docstring says what a fresh
+    # `-m` one shows).
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+    ours = (main.__code__.co_filename, runpy.__file__, "<frozen runpy>")
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
       tb = tb.tb_next
     if tb is not None:
       # Set on the exception too: the excepthook prints __traceback__.

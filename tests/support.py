@@ -584,9 +584,44 @@ def start_task(argv, **popen_kwargs):
   The task is forked from this pytest process's zygote, which imported
   TensorFlow once (tests/_forkserver.py), and handled as a Popen; it
   starts fresh where forking would not be the same (another command, as
-  the emulated hosts' wrapper, or SYNC_REPLICAS_FORKSERVER=0). Never for
-  what a user runs (README's program, examples/, tests/user_scripts/, the
-  launcher's children): those tests prove the user's path.
+  the emulated hosts' wrapper, or SYNC_REPLICAS_FORKSERVER=0). Not for
+  what a user runs (README's program, examples/, tests/user_scripts/):
+  its first run proves the user's path and starts fresh, its repeat runs
+  go through ``start_repeat_run``; the launcher's children are its own.
+  """
+  popen_kwargs.setdefault("start_new_session", True)
+  return _forkserver.spawn(argv, **popen_kwargs)
+
+
+def start_repeat_run(argv, **popen_kwargs):
+  """Starts a REPEAT run of a user's program, forked (tests/_forkserver.py)
+  where a fresh run of the same entry point is proven elsewhere in the
+  default tier; ``argv`` and the keyword arguments are as ``start_task``'s
+  (``start_new_session=True`` by default), ``argv`` the user's command:
+  ``[sys.executable, SCRIPT.py, *args]`` or ``[sys.executable, "-m",
+  MODULE, *args]``. Give it the environment the test gives a fresh run
+  (TF_CPP_MIN_LOG_LEVEL, ``with_keras``): a start-up environment of its
+  own gets its own zygote.
+
+  A repeat run (another start order, another script under the same runner,
+  another of an example's tasks) proves what the program does as a job,
+  not how a Python process starts: the forked child runs the unmodified
+  program as ``__main__`` with the same argv, env and cwd, but TensorFlow
+  was imported before the fork. Each entry point's FRESH proof:
+
+  * ``python SCRIPT.py``: README's program in test_readme's start order at
+    TensorFlow's own log level (every line a task prints from its start)
+    and under the launcher; test_user_scripts' FRESH_SCRIPT as written.
+  * ``python -m sync_replicas.patch SCRIPT.py``: test_user_scripts'
+    FRESH_SCRIPT under the patch, and test_patch's runner tests.
+  * ``python -m examples.MODULE``: test_examples' local_demo test, and the
+    launches of test_examples and test_hosts.
+  * The launcher's children: never forked (the launcher starts them).
+
+  No wrapper such as coreutils' ``timeout`` can sit in front of a forked
+  run: its lifetime is the test's (``kill_group`` in its finally block)
+  and, at most, the pytest process's (the zygote kills its tasks when
+  that process's socket closes, and a task dies with its zygote).
   """
   popen_kwargs.setdefault("start_new_session", True)
   return _forkserver.spawn(argv, **popen_kwargs)

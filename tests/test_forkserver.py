@@ -78,6 +78,43 @@ def test_argv_env_cwd_stdout_and_exit_code_are_the_requests(zygote, tmp_path):
   assert task.pid != zygote.proc.pid
 
 
+#: What a ``-m`` task prints of itself, then its exit code (4).
+_SHOW_MODULE = """
+import json, sys
+print(json.dumps({"argv": sys.argv, "name": __name__, "path0": sys.path[0],
+                  "main": sys.modules["__main__"].__dict__ is globals()}))
+sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("module", ["pkg.mod", "pkg"],
+                         ids=["module", "package_main"])
+def test_a_forked_dash_m_task_is_what_a_fresh_one_is(zygote, tmp_path,
+                                                       module):
+  """``python -m MODULE args``, as the patch runner (a package's __main__)
+  and the examples start: sys.argv (the module's file first), sys.path[0]
+  (the working directory), __name__, __main__ and the exit code are a
+  fresh process's."""
+  package = tmp_path / "pkg"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "mod.py").write_text(_SHOW_MODULE)
+  (package / "__main__.py").write_text(_SHOW_MODULE)
+  argv = [sys.executable, "-m", module, "a b", "--c=d"]
+  fresh = subprocess.run(argv, cwd=tmp_path, env=dict(os.environ),
+                         stdin=subprocess.DEVNULL, capture_output=True,
+                         timeout=60, check=False)
+  task = _spawn(zygote, argv, cwd=tmp_path, stdout=subprocess.PIPE)
+  assert task.wait(timeout=30) == fresh.returncode == 4, fresh.stderr
+  forked = json.loads(task.stdout.read())
+  task.stdout.close()
+  assert forked == json.loads(fresh.stdout), fresh.stdout
+  file = "mod.py" if module == "pkg.mod" else "__main__.py"
+  assert forked == {"argv": [str(package / file), "a b", "--c=d"],
+                    "name": "__main__", "path0": str(tmp_path),
+                    "main": True}
+
+
 def test_an_uncaught_exception_exits_1_with_its_traceback(zygote, tmp_path):
   script = _script(tmp_path, """
       import sys
