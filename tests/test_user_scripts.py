@@ -41,7 +41,15 @@ it), which tf-slim takes as the end of training.
 The ps serves until the harness kills it (``digits_cluster.serve``, a
 bounded stand-in for stock scripts' ``server.join()``, which takes no
 timeout), and every process dies with its Cluster, or at the latest after
-TASK_LIFETIME_SECS.
+TASK_LIFETIME_SECS (a fresh one) or with the pytest process (a forked one).
+
+Fresh and forked: FRESH_SCRIPT's clusters start every task as a fresh
+process (``python SCRIPT`` and ``python -m sync_replicas.patch SCRIPT``),
+this file's proof of both entry points as a user starts them. The other
+scripts are repeat runs of the same two commands: their tasks are forked
+from the fork server (support.start_repeat_run), each still running the
+unmodified script as ``__main__`` with the same argv, env and cwd, which
+proves each script's sync behaviour at a fraction of the CPU.
 """
 
 import math
@@ -71,9 +79,15 @@ PROMPT_SECS = 20
 #: How long stock's chief may take to end after the other worker exited
 #: before it is killed (see _let_stock_chief_finish).
 LINGER_SECS = 10
-#: No task outlives this, even if pytest dies before the Cluster kills it:
-#: the ps serves until it is killed. The longest test's timeout.
+#: No fresh task outlives this, even if pytest dies before the Cluster kills
+#: it: the ps serves until it is killed. The longest test's timeout. (A
+#: forked task cannot be wrapped in coreutils' timeout: it dies with the
+#: pytest process at the latest, support.start_repeat_run.)
 TASK_LIFETIME_SECS = 900
+#: The script whose clusters start fresh processes, as a user does: the
+#: MonitoredTrainingSession, the loop README's program and the examples
+#: use (and the one most TF1 scripts use). The others are forked.
+FRESH_SCRIPT = "monitored_session.py"
 #: The global step at which every script stops.
 TRAIN_STEPS = 200
 #: The class each run must have used (each script logs ``optimizer:`` with
@@ -89,7 +103,8 @@ LN10 = math.log(10)
 class Task:
   """One process of a cluster, its output in a file (no pipe to fill)."""
 
-  def __init__(self, name, argv, *, impl, log_dir, keras=False):
+  def __init__(self, name, argv, *, impl, log_dir, keras=False,
+               fresh=True):
     self.name = name
     self.log = log_dir / ("%s-%s.log" % (impl, name))
     # The project's root for ``examples._digits``; a script finds its
@@ -100,13 +115,18 @@ class Task:
     if keras:  # The Estimator imports Keras, hidden from the tests' children.
       env = support.with_keras(env)
     with open(self.log, "wb") as out:
-      # coreutils' timeout stays in the task's process group: a kill of the
-      # group (kill_group) reaches both; it exits with the task's code.
-      self.proc = subprocess.Popen(
-          ["timeout", "--signal=KILL", str(TASK_LIFETIME_SECS),
-           sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
-          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-          start_new_session=True)
+      if fresh:
+        # coreutils' timeout stays in the task's process group: a kill of
+        # the group (kill_group) reaches both; it exits with the task's code.
+        self.proc = subprocess.Popen(
+            ["timeout", "--signal=KILL", str(TASK_LIFETIME_SECS),
+             sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+      else:
+        self.proc = support.start_repeat_run(
+            [sys.executable, *argv], cwd=ROOT, env=env, stdout=out,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     self.exited_at = None
 
   def text(self):
@@ -142,14 +162,14 @@ class _ClusterTaskFailed(Exception):
 class Cluster:
   """Processes started in order; every one is killed on exit, whatever happened."""
 
-  def __init__(self, impl, log_dir, *, keras=False):
+  def __init__(self, impl, log_dir, *, keras=False, fresh=True):
     self.impl, self.log_dir, self.tasks = impl, log_dir, {}
-    self.keras = keras
+    self.keras, self.fresh = keras, fresh
     log_dir.mkdir(parents=True, exist_ok=True)
 
   def start(self, name, *argv):
     self.tasks[name] = Task(name, argv, impl=self.impl, log_dir=self.log_dir,
-                             keras=self.keras)
+                             keras=self.keras, fresh=self.fresh)
     return self.tasks[name]
 
   def wait_exit(self, names, *, timeout):
@@ -261,7 +281,8 @@ def _run_cluster(script, impl, tmp_path):
   flags = ["--ps_hosts=" + _hosts(1), "--worker_hosts=" + _hosts(2),
            "--train_steps=%d" % TRAIN_STEPS,
            "--logdir=%s" % (tmp_path / "logdir")]
-  with Cluster(impl, tmp_path, keras=script in KERAS_SCRIPTS) as cluster:
+  with Cluster(impl, tmp_path, keras=script in KERAS_SCRIPTS,
+               fresh=script == FRESH_SCRIPT) as cluster:
     ps = cluster.start("ps", *_command(impl, script, "--job_name=ps",
                                        "--task_index=0", *flags))
     worker1 = cluster.start("worker1", *_command(
