@@ -424,29 +424,30 @@ def test_demo_trains_confined_and_its_printed_status_command_reads_it(demo):
 
 @pytest.mark.timeout(240)
 def test_supervisor_flow_learns_with_tf1_flags(tmp_path):
+  # Its tasks are repeat runs of `python -m examples.MODULE` (the local
+  # demo's test below is that command's fresh proof): forked.
   ps, chief, worker = ["127.0.0.1:%d" % p for p in cluster_lib.free_ports(3)]
   common = ["--ps_hosts", ps, "--worker_hosts", "%s,%s" % (chief, worker)]
+  logs = tmp_path / "output"
+  logs.mkdir()
   procs = {}
   try:
     for job, index in (("ps", 0), ("worker", 0), ("worker", 1)):
-      procs[job, index] = subprocess.Popen(
-          [sys.executable, "-m", "examples.digits_supervisor", "--job_name",
-           job, "--task_index", str(index), "--steps", "100", "--logdir",
-           str(tmp_path), *common],
-          cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, start_new_session=True)
+      with open(logs / ("%s%d.log" % (job, index)), "wb") as out:
+        procs[job, index] = support.start_repeat_run(
+            [sys.executable, "-m", "examples.digits_supervisor", "--job_name",
+             job, "--task_index", str(index), "--steps", "100", "--logdir",
+             str(tmp_path), *common],
+            cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT)
     outs = {}
-    for key in (("worker", 0), ("worker", 1)):
-      out, _ = procs[key].communicate(timeout=180)
-      outs[key] = out.decode(errors="replace")
-      assert procs[key].returncode == 0, outs[key][-6000:]
+    for job, index in (("worker", 0), ("worker", 1)):
+      procs[job, index].wait(timeout=180)
+      outs[job, index] = (logs / ("%s%d.log" % (job, index))).read_text(
+          errors="replace")
+      assert procs[job, index].returncode == 0, outs[job, index][-6000:]
   finally:
     for proc in procs.values():
       support.kill_group(proc)
-      try:
-        proc.communicate(timeout=10)
-      except subprocess.TimeoutExpired:
-        pass
   assert _final_accuracy(outs["worker", 0]) > 0.8, outs["worker", 0][-4000:]
   assert "worker1 done" in outs["worker", 1]
   assert list(tmp_path.glob("model.ckpt-*.index"))
