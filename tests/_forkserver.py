@@ -118,8 +118,13 @@ import time
 ENV = "SYNC_REPLICAS_FORKSERVER"
 #: What a zygote imports before it forks.
 PRELOAD = ("tensorflow",)
-#: Zygotes per pytest process (one per start-up environment).
-MAX_ZYGOTES = 2
+#: Zygotes per pytest process (one per start-up environment). Three: the
+#: suite's own tasks, a user's repeat runs (whose environment a test sets
+#: its own way: test_examples has both) and Keras for the Estimator (2.15).
+#: Each holds 2 OS threads and about 175 MB of its own memory (its other
+#: 375 MB of 550 are TensorFlow's files, shared; measured 2026-11-29, TF
+#: 2.21), against the 2.2-2.7 CPU-seconds of every fresh start it spares.
+MAX_ZYGOTES = 3
 #: How long a zygote may take to import PRELOAD (a loaded 2-core machine
 #: took up to 30 s for a task's ``import tensorflow``).
 START_SECS = 120.0
