@@ -607,7 +607,9 @@ def start_repeat_run(argv, **popen_kwargs):
   another of an example's tasks) proves what the program does as a job,
   not how a Python process starts: the forked child runs the unmodified
   program as ``__main__`` with the same argv, env and cwd, but TensorFlow
-  was imported before the fork. Each entry point's FRESH proof:
+  was imported before the fork (so the patch runner installs at once, not
+  at the program's import: the fresh proofs below take that path). Each
+  entry point's FRESH proof:
 
   * ``python SCRIPT.py``: README's program in test_readme's start order at
     TensorFlow's own log level (every line a task prints from its start)
