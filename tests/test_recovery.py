@@ -408,9 +408,11 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   again), not from the updates on the ps: the restarted ps got the model
   back from the chief's last checkpoint, and the updates after it are lost.
   """
-  # Workers 0 and 2 are held at about batch 11 of their 30 (worker 1's 8,
-  # two updates, a run in flight): data left for after the restart.
-  shards = [30, 8, 30]
+  # Workers 0 and 2 reach the ps kill at batch 11 or later of their 40
+  # (worker 1's 8, two updates, a run in flight, and what the test's polls
+  # lag behind: 17-18 at a load average of 30): data left for after the
+  # restart.
+  shards = [40, 8, 40]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
   _start(job)
@@ -449,9 +451,10 @@ def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
   train their shards to the end; without that every update would wait for
   worker 1's gradient again, until the operation timeout.
   """
-  # Workers 0 and 2 are held at about batch 8 of their 30 (five updates,
-  # worker 1 declared gone, two updates, a run in flight): data left for
-  # after the restart.
+  # Workers 0 and 2 reach the ps kill at about batch 8 of their 30 (five
+  # updates, worker 1 declared gone while no update comes, two updates, a
+  # run in flight: 8 at a load average of 30): data left for after the
+  # restart.
   shards = [30, 30, 30]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
