@@ -159,6 +159,13 @@ SCALE_CASES = {
         "chief-first], and a worker with no batch at all in process in "
         "test_data_end_protocol's test_a_shard_of_no_batches_ends_cleanly"
         "[a_worker_has_no_data]; this case's draw is still checked first"),
+    ("default", "mts", "equal"): (
+        "a second proof (a process cluster, about 5 CPU-seconds): equal "
+        "shards ending together with every batch trained once are proven in "
+        "process by test_data_end_protocol's test_every_process_ends_and_"
+        "every_batch_after_the_start_is_trained[equal], every replica "
+        "process exiting promptly after its input ended under MTS by "
+        "[mts-non-chief-first] and [mts-chief-first]"),
     ("stock-hang", "supervisor", "stock"): _STOCK_HANG_SHOWN,
     ("stock-hang", "supervisor", "ours-stock-policy"): _STOCK_HANG_SHOWN,
 }

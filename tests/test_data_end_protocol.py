@@ -20,7 +20,6 @@ import pytest
 import tensorflow as tf
 
 import support
-import sync_replicas
 from sync_replicas import _data_end
 from sync_replicas import _runner
 from sync_replicas import _timeline_writer
@@ -28,6 +27,27 @@ from sync_replicas.cli import status as status_tool
 
 #: Bound on a whole job of a few dozen steps on a loaded machine.
 JOB_SECS = 120
+
+
+class _Clusters:
+  """One ``support.SharedCluster`` per shape (workers, ps tasks), made on
+  its first use and reset before each: with a LocalCluster per job the
+  file's process ended with some 9,500 threads (tools/test_durations.json),
+  each job's servers kept to the end."""
+
+  def __init__(self):
+    self._shared = {}
+
+  def use(self, num_workers, num_ps=1):
+    """``SharedCluster.use`` of the cluster of that shape."""
+    key = (num_workers, num_ps)
+    if key not in self._shared:
+      self._shared[key] = support.SharedCluster(num_workers=num_workers,
+                                                num_ps=num_ps)
+    return self._shared[key].use()
+
+
+_SHARED = _Clusters()
 
 
 class ShardWorker:
@@ -109,23 +129,23 @@ def _run(shards, *, kept=None, **kwargs):
   ``kept``, a list, gets the cluster and the workers.
   """
   workers = len(shards)
-  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
-  per_worker_index = kwargs.pop("per_worker_index", False)
-  reads = kwargs.pop("reads", False)
-  jobs = [ShardWorker(cluster, t, workers=workers, batches=n,
-                      **(dict(kwargs, worker_index=t) if per_worker_index
-                         else kwargs))
-          for t, n in enumerate(shards)]
+  with _SHARED.use(workers) as cluster:
+    per_worker_index = kwargs.pop("per_worker_index", False)
+    reads = kwargs.pop("reads", False)
+    jobs = [ShardWorker(cluster, t, workers=workers, batches=n,
+                        **(dict(kwargs, worker_index=t) if per_worker_index
+                           else kwargs))
+            for t, n in enumerate(shards)]
 
-  def work(cluster, task, ready):
-    del cluster
-    jobs[task].train(ready, reads=reads)
+    def work(cluster, task, ready):
+      del cluster
+      jobs[task].train(ready, reads=reads)
 
-  support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
-  step, trained = _trained(cluster, workers)
-  if kept is not None:
-    kept.extend([cluster, jobs])
-  return int(step), trained, [j.runs for j in jobs]
+    support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
+    step, trained = _trained(cluster, workers)
+    if kept is not None:
+      kept.extend([cluster, jobs])
+    return int(step), trained, [j.runs for j in jobs]
 
 
 @pytest.mark.parametrize("shards", [(12, 4, 12), (4, 12, 12), (8, 8, 8)],
@@ -360,18 +380,18 @@ def _supervised_train(job, ready):
                          ids=["non_chief_first", "chief_first"])
 def test_a_supervisor_loop_announces_its_end_with_one_call(shards):
   workers = len(shards)
-  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=1)
-  jobs = [ShardWorker(cluster, t, workers=workers, batches=n)
-          for t, n in enumerate(shards)]
+  with _SHARED.use(workers) as cluster:
+    jobs = [ShardWorker(cluster, t, workers=workers, batches=n)
+            for t, n in enumerate(shards)]
 
-  def work(cluster, task, ready):
-    del cluster
-    _supervised_train(jobs[task], ready)
+    def work(cluster, task, ready):
+      del cluster
+      _supervised_train(jobs[task], ready)
 
-  support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
-  _, trained = _trained(cluster, workers)
-  assert [j.runs for j in jobs] == list(shards)
-  np.testing.assert_array_equal(trained, shards)
+    support.run_chief_first(work, cluster, workers, timeout=JOB_SECS)
+    _, trained = _trained(cluster, workers)
+    assert [j.runs for j in jobs] == list(shards)
+    np.testing.assert_array_equal(trained, shards)
 
 
 def test_statistics_count_the_workers_done():
@@ -389,22 +409,22 @@ def test_statistics_count_the_workers_done():
 def test_a_worker_that_crashes_is_not_done(crash):
   """MonitoredSession calls the hooks' end() only on a normal end: a run
   that fails otherwise leaves the worker not done, for recovery."""
-  cluster = sync_replicas.LocalCluster(num_workers=1, num_ps=1)
-  job = ShardWorker(cluster, 0, workers=1, batches=3, statistics=True,
-                    statistics_log_steps=None)
-  with pytest.raises(RuntimeError, match="crash") if crash else (
-      contextlib.nullcontext()):
-    with job.graph.as_default(), support.monitored_session(
-        job.target, is_chief=True, hooks=job.hooks) as sess:
-      while not sess.should_stop():
-        sess.run(job.train_op)
-        job.runs += 1
-        if crash and job.runs == 2:
-          raise RuntimeError("crash")
-  with job.graph.as_default(), tf.compat.v1.Session(
-      job.target, config=support.session_config()) as sess:
-    done = sess.run(job.opt.statistics_tensors["chief/workers_done"])
-  assert done == (0 if crash else 1)
+  with _SHARED.use(1) as cluster:
+    job = ShardWorker(cluster, 0, workers=1, batches=3, statistics=True,
+                      statistics_log_steps=None)
+    with pytest.raises(RuntimeError, match="crash") if crash else (
+        contextlib.nullcontext()):
+      with job.graph.as_default(), support.monitored_session(
+          job.target, is_chief=True, hooks=job.hooks) as sess:
+        while not sess.should_stop():
+          sess.run(job.train_op)
+          job.runs += 1
+          if crash and job.runs == 2:
+            raise RuntimeError("crash")
+    with job.graph.as_default(), tf.compat.v1.Session(
+        job.target, config=support.session_config()) as sess:
+      done = sess.run(job.opt.statistics_tensors["chief/workers_done"])
+    assert done == (0 if crash else 1)
 
 
 def test_the_timeline_records_a_job_that_ends_with_its_data(tmp_path):
@@ -455,34 +475,34 @@ def test_the_stall_line_names_the_workers_done(caplog):
   """Worker 2's input ends, worker 1 stops pushing without ending (as a
   crashed worker would): the update waits for it, and the stall line says
   that only worker 2 is done."""
-  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
-  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
-          for t, n in enumerate((5, 5, 1))]
-  sessions, chief = [], None
-  caplog.set_level(logging.WARNING, logger="sync_replicas")
-  try:
-    for job in jobs:
-      with job.graph.as_default():
-        sessions.append(support.monitored_session(
-            job.target, is_chief=job.is_chief, hooks=job.hooks))
-    _step_then_end_the_last(sessions, jobs)
-    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
-                                  name="chief-step")
-    chief.start()
-    support.wait_until(
-        lambda: any("1 of 3 workers done, their input ended: worker2" in
-                    r.getMessage() for r in caplog.records),
-        timeout=30, what="a stall line naming worker 2 done")
-    line = [r.getMessage() for r in caplog.records
-            if "no update for" in r.getMessage()][-1]
-    assert "w 1/2" in line, line  # min(R=3, 3 - 1 done) = 2 needed.
-  finally:
-    if chief is not None:
-      # Worker 1 is back: the update lands and the chief's run returns.
-      sessions[1].run(jobs[1].train_op)
-      chief.finish(timeout=30)
-    for sess in reversed(sessions[:2]):
-      sess.close()
+  with _SHARED.use(3) as cluster:
+    jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+            for t, n in enumerate((5, 5, 1))]
+    sessions, chief = [], None
+    caplog.set_level(logging.WARNING, logger="sync_replicas")
+    try:
+      for job in jobs:
+        with job.graph.as_default():
+          sessions.append(support.monitored_session(
+              job.target, is_chief=job.is_chief, hooks=job.hooks))
+      _step_then_end_the_last(sessions, jobs)
+      chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                    name="chief-step")
+      chief.start()
+      support.wait_until(
+          lambda: any("1 of 3 workers done, their input ended: worker2" in
+                      r.getMessage() for r in caplog.records),
+          timeout=30, what="a stall line naming worker 2 done")
+      line = [r.getMessage() for r in caplog.records
+              if "no update for" in r.getMessage()][-1]
+      assert "w 1/2" in line, line  # min(R=3, 3 - 1 done) = 2 needed.
+    finally:
+      if chief is not None:
+        # Worker 1 is back: the update lands and the chief's run returns.
+        sessions[1].run(jobs[1].train_op)
+        chief.finish(timeout=30)
+      for sess in reversed(sessions[:2]):
+        sess.close()
 
 
 class _AbortWhenAsked(tf.compat.v1.train.SessionRunHook):
@@ -547,57 +567,57 @@ def test_the_chief_puts_back_the_workers_done_that_a_ps_forgot(caplog):
   restart of its task does. The chief's next session (MonitoredSession
   recovering) puts worker 2 back before its first token, so an update needs
   2 gradients again: without that, it would wait for worker 2's for good."""
-  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
-  jobs = [ShardWorker(cluster, t, workers=3, batches=n)
-          for t, n in enumerate((20, 20, 1))]
-  abort = _AbortWhenAsked()
-  jobs[0].hooks.append(abort)
-  runner = jobs[0].opt.get_chief_queue_runner()
-  caplog.set_level(logging.INFO, logger="sync_replicas")
-  sessions = []
-  try:
-    for job in jobs:
-      with job.graph.as_default():
-        sessions.append(support.monitored_session(
-            job.target, is_chief=job.is_chief, hooks=job.hooks))
-    _step_then_end_the_last(sessions, jobs)
-    # The chief's loop sees the count grow and remembers the key.
-    support.wait_until(lambda: runner.data_end.seen_done() == {2: 1},
-                       timeout=30, what="the chief to see worker 2 done")
-    assert _forget_the_workers_done(jobs[0].target) == 0
-    abort.ask()
-    # Worker 1 pushes (at a step of the chief's previous generation, which
-    # the recovered chief's init clears) and waits in its dequeue, as the
-    # survivors of a restart do, for the one initial token it lacks.
-    stale = support.BoundedThread(sessions[1].run, jobs[1].train_op,
-                                  name="worker1-stale")
-    stale.start()
-    with _pending_gradients(jobs[1].target) as pending:
-      support.wait_until(lambda: pending() == 1, timeout=30,
-                         what="worker 1's push before the chief's recovery")
-    # The chief's run aborts; the recovered session runs it: a fresh push
-    # (the chief's local step is of its new generation), then it waits for
-    # the update's release.
-    chief = support.BoundedThread(_run_in_graph, jobs[0], sessions[0],
-                                  name="chief-recovered")
-    chief.start()
-    stale.finish()
-    assert abort.raised
-    assert any("put back worker2" in r.getMessage() for r in caplog.records)
-    assert runner.data_end.seen_done() == {2: 1}
-    # The recovered session initialized the model again (no checkpoint),
-    # as after a real ps restart without one: global step 0. Worker 1's
-    # token is of the new generation: with worker 2 put back, its push
-    # completes the update (2 of 2 needed), which averages its and the
-    # chief's.
-    support.run_concurrently([(sessions[1].run, jobs[1].train_op)])
-    chief.finish()
-    support.wait_until(lambda: _trained(cluster, 3)[0] == 1, timeout=30,
-                       what="an update of 2 gradients")
-    np.testing.assert_array_equal(_trained(cluster, 3)[1], [1, 1, 0])
-  finally:
-    for sess in sessions[:2]:
-      sess.close()
+  with _SHARED.use(3) as cluster:
+    jobs = [ShardWorker(cluster, t, workers=3, batches=n)
+            for t, n in enumerate((20, 20, 1))]
+    abort = _AbortWhenAsked()
+    jobs[0].hooks.append(abort)
+    runner = jobs[0].opt.get_chief_queue_runner()
+    caplog.set_level(logging.INFO, logger="sync_replicas")
+    sessions = []
+    try:
+      for job in jobs:
+        with job.graph.as_default():
+          sessions.append(support.monitored_session(
+              job.target, is_chief=job.is_chief, hooks=job.hooks))
+      _step_then_end_the_last(sessions, jobs)
+      # The chief's loop sees the count grow and remembers the key.
+      support.wait_until(lambda: runner.data_end.seen_done() == {2: 1},
+                         timeout=30, what="the chief to see worker 2 done")
+      assert _forget_the_workers_done(jobs[0].target) == 0
+      abort.ask()
+      # Worker 1 pushes (at a step of the chief's previous generation, which
+      # the recovered chief's init clears) and waits in its dequeue, as the
+      # survivors of a restart do, for the one initial token it lacks.
+      stale = support.BoundedThread(sessions[1].run, jobs[1].train_op,
+                                    name="worker1-stale")
+      stale.start()
+      with _pending_gradients(jobs[1].target) as pending:
+        support.wait_until(lambda: pending() == 1, timeout=30,
+                           what="worker 1's push before the chief's recovery")
+      # The chief's run aborts; the recovered session runs it: a fresh push
+      # (the chief's local step is of its new generation), then it waits for
+      # the update's release.
+      chief = support.BoundedThread(_run_in_graph, jobs[0], sessions[0],
+                                    name="chief-recovered")
+      chief.start()
+      stale.finish()
+      assert abort.raised
+      assert any("put back worker2" in r.getMessage() for r in caplog.records)
+      assert runner.data_end.seen_done() == {2: 1}
+      # The recovered session initialized the model again (no checkpoint),
+      # as after a real ps restart without one: global step 0. Worker 1's
+      # token is of the new generation: with worker 2 put back, its push
+      # completes the update (2 of 2 needed), which averages its and the
+      # chief's.
+      support.run_concurrently([(sessions[1].run, jobs[1].train_op)])
+      chief.finish()
+      support.wait_until(lambda: _trained(cluster, 3)[0] == 1, timeout=30,
+                         what="an update of 2 gradients")
+      np.testing.assert_array_equal(_trained(cluster, 3)[1], [1, 1, 0])
+    finally:
+      for sess in sessions[:2]:
+        sess.close()
 
 
 def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
@@ -607,39 +627,39 @@ def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
   on the ps that each train run writes, and which are done: worker 2's
   input ended, worker 1 stops pushing without ending (as a crashed worker
   would) and keeps its last step."""
-  cluster = sync_replicas.LocalCluster(num_workers=3, num_ps=1)
-  jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
-          for t, n in enumerate((5, 5, 1))]
-  sessions, chief = [], None
-  caplog.set_level(logging.WARNING, logger="sync_replicas")
-  try:
-    for job in jobs:
-      config = support.session_config()
-      config.device_filters.extend(
-          ["/job:ps", "/job:worker/task:%d" % job.task])
-      with job.graph.as_default():
-        sessions.append(tf.compat.v1.train.MonitoredTrainingSession(
-            master=job.target, is_chief=job.is_chief, hooks=job.hooks,
-            config=config, stop_grace_period_secs=1,
-            save_summaries_steps=None, save_summaries_secs=None,
-            log_step_count_steps=None))
-    _step_then_end_the_last(sessions, jobs)
-    chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
-                                  name="chief-step")
-    chief.start()
-    # Every worker took the token of step 1 (its local step) in its one
-    # train run; the chief's second run waits for its next token.
-    expected = "workers' local steps: worker0 1, worker1 1, worker2 1 (done)"
-    support.wait_until(
-        lambda: any(expected in r.getMessage() for r in caplog.records),
-        timeout=30, what="a stall line naming every worker")
-  finally:
-    if chief is not None:
-      # Worker 1 is back: the update lands and the chief's run returns.
-      sessions[1].run(jobs[1].train_op)
-      chief.finish(timeout=30)
-    for sess in reversed(sessions[:2]):
-      sess.close()
+  with _SHARED.use(3) as cluster:
+    jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
+            for t, n in enumerate((5, 5, 1))]
+    sessions, chief = [], None
+    caplog.set_level(logging.WARNING, logger="sync_replicas")
+    try:
+      for job in jobs:
+        config = support.session_config()
+        config.device_filters.extend(
+            ["/job:ps", "/job:worker/task:%d" % job.task])
+        with job.graph.as_default():
+          sessions.append(tf.compat.v1.train.MonitoredTrainingSession(
+              master=job.target, is_chief=job.is_chief, hooks=job.hooks,
+              config=config, stop_grace_period_secs=1,
+              save_summaries_steps=None, save_summaries_secs=None,
+              log_step_count_steps=None))
+      _step_then_end_the_last(sessions, jobs)
+      chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
+                                    name="chief-step")
+      chief.start()
+      # Every worker took the token of step 1 (its local step) in its one
+      # train run; the chief's second run waits for its next token.
+      expected = "workers' local steps: worker0 1, worker1 1, worker2 1 (done)"
+      support.wait_until(
+          lambda: any(expected in r.getMessage() for r in caplog.records),
+          timeout=30, what="a stall line naming every worker")
+    finally:
+      if chief is not None:
+        # Worker 1 is back: the update lands and the chief's run returns.
+        sessions[1].run(jobs[1].train_op)
+        chief.finish(timeout=30)
+      for sess in reversed(sessions[:2]):
+        sess.close()
 
 
 class _TwoPsWorker:
@@ -697,18 +717,18 @@ def test_a_run_whose_input_ended_pushes_no_gradient():
   (a hang, or cells counting runs that never trained)."""
   shards = (8, 0, 3, 0)
   workers = len(shards)
-  cluster = sync_replicas.LocalCluster(num_workers=workers, num_ps=2)
-  jobs = [_TwoPsWorker(cluster, t, workers=workers, batches=n)
-          for t, n in enumerate(shards)]
-  support.run_chief_first(lambda cluster, task, ready: jobs[task].train(ready),
-                          cluster, workers, timeout=JOB_SECS)
-  assert [j.runs for j in jobs] == list(shards)
-  with tf.Graph().as_default():
-    with tf.compat.v1.device("/job:ps/task:1"):
-      trained = tf.compat.v1.get_variable("trained", [workers])
-    with tf.compat.v1.Session(cluster.worker_targets[0],
-                              config=support.session_config()) as sess:
-      np.testing.assert_array_equal(sess.run(trained), shards)
+  with _SHARED.use(workers, num_ps=2) as cluster:
+    jobs = [_TwoPsWorker(cluster, t, workers=workers, batches=n)
+            for t, n in enumerate(shards)]
+    support.run_chief_first(lambda cluster, task, ready: jobs[task].train(ready),
+                            cluster, workers, timeout=JOB_SECS)
+    assert [j.runs for j in jobs] == list(shards)
+    with tf.Graph().as_default():
+      with tf.compat.v1.device("/job:ps/task:1"):
+        trained = tf.compat.v1.get_variable("trained", [workers])
+      with tf.compat.v1.Session(cluster.worker_targets[0],
+                                config=support.session_config()) as sess:
+        np.testing.assert_array_equal(sess.run(trained), shards)
 
 
 _PUSH_TYPES = {"ResourceAccumulatorApplyGradient", "AccumulatorApplyGradient",

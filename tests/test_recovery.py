@@ -274,8 +274,12 @@ def job_factory(tmp_path):
 def test_killed_backup_worker_rejoins_and_contributes(job_factory, repeat):
   del repeat
   # Enough steps after the restart for the restarted worker to be among
-  # the first R of some update.
-  last_step = 300
+  # the first R of some update: it comes back some 10-25 steps in (its
+  # first applied gradient, ten steps, the restart under the hold), and
+  # each update after takes the gradients of the 2 of 3 workers whose
+  # random pause (delay) ended first. 300 steps trained some 200 more
+  # than that needs, which no assert reads.
+  last_step = 100
   job = job_factory(workers=3, replicas=2, last_step=last_step, delay=0.05)
   # Two workers could train without worker 2: none trains before all three
   # are up, or a slow start-up would leave it nothing to contribute to.
@@ -404,7 +408,11 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   again), not from the updates on the ps: the restarted ps got the model
   back from the chief's last checkpoint, and the updates after it are lost.
   """
-  shards = [60, 8, 60]
+  # Workers 0 and 2 reach the ps kill at batch 11 or later of their 40
+  # (worker 1's 8, two updates, a run in flight, and what the test's polls
+  # lag behind: 17-18 at a load average of 30): data left for after the
+  # restart.
+  shards = [40, 8, 40]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
   _start(job)
@@ -443,7 +451,11 @@ def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
   train their shards to the end; without that every update would wait for
   worker 1's gradient again, until the operation timeout.
   """
-  shards = [60, 60, 60]
+  # Workers 0 and 2 reach the ps kill at about batch 8 of their 30 (five
+  # updates, worker 1 declared gone while no update comes, two updates, a
+  # run in flight: 8 at a load average of 30): data left for after the
+  # restart.
+  shards = [30, 30, 30]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
   job.base["opt_kwargs"] = {"worker_gone_secs": 3.0}
