@@ -6,8 +6,8 @@ fails. No task, tool or example process of the suite uses Keras (the
 package's graph-mode protocol never touches it), yet the import costs about
 0.85 of the ~2.7 CPU-seconds of ``import tensorflow`` on 2.21 (Keras 3 also
 imports matplotlib), 0.35 on 2.15, in each of the suite's ~140 such
-processes; in a pytest process, whose TensorFlow import takes more, about 2
-of ~4.7. tests/conftest.py puts this folder first on the PYTHONPATH the
+processes; about 1 of the ~4.5 a pytest process takes to start on 2.21.
+tests/conftest.py puts this folder first on the PYTHONPATH the
 tests' processes inherit, and tools/test (tools/_run_tests.py) on that of
 every pytest process whose files are not marked ``keras``; the marked ones
 (test_keras, test_validation, ...) keep it, and so does every pytest process
