@@ -1,6 +1,7 @@
 """Fixtures shared by every test module."""
 
 import datetime
+import importlib.util
 import json
 import logging
 import os
@@ -8,6 +9,7 @@ import pathlib
 import re
 import resource
 import shutil
+import sys
 import threading
 
 # Quiet TensorFlow's C++ start-up chatter; tests read Python-side logs only.
@@ -46,8 +48,18 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 _RUN_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-") + str(
     os.getpid())
 
+#: Whether this process imported TensorFlow without Keras: tools/test starts
+#: the pytest process of files not marked ``keras`` with the stub first on
+#: its PYTHONPATH (tools/_run_tests.py).
+_KERAS_SPEC = importlib.util.find_spec("keras")
+_KERAS_HIDDEN_HERE = ("keras" not in sys.modules and _KERAS_SPEC is not None
+                      and _KERAS_SPEC.origin is not None
+                      and pathlib.Path(_KERAS_SPEC.origin).resolve().parent
+                      .parent == support.TASKS_HIDDEN)
+
 # Every process a test starts imports TensorFlow without Keras, which none of
-# them uses (tests/_hidden_from_tasks says what that saves); this one keeps it.
+# them uses (tests/_hidden_from_tasks says what that saves); a pytest process
+# keeps it unless tools/test hid it.
 support.hide_from_tasks()
 
 
@@ -63,6 +75,11 @@ def pytest_configure(config):
       "fresh venv under the temporary directory (tests/test_wheel.py, about "
       "a minute on 2 cores, most of it the TensorFlow imports of a demo "
       "cluster; a few MB of disk)")
+  config.addinivalue_line(
+      "markers", "keras: the file uses Keras in pytest's own process (a "
+      "module sets pytestmark): tools/test hides Keras from the other "
+      "files' pytest processes, whose TensorFlow import it would slow "
+      "(tools/_run_tests.py; SYNC_REPLICAS_TEST_KEEP_KERAS=1 keeps it)")
   config.addinivalue_line(
       "markers", "version_independent: what it proves runs no TensorFlow "
       "code of its own (the launcher, the Slurm wrapper, the emulated "
@@ -244,6 +261,19 @@ def pytest_collection_modifyitems(config, items):
     if newest is not None:
       item.add_marker(pytest.mark.skip(reason=support.newest_only_skip(
           support.newest_only_reason(newest, item.nodeid))))
+
+
+def pytest_runtest_setup(item):
+  """Fails a test marked ``keras`` in a process that hid Keras, saying why,
+  before it fails on the stub's ImportError or a missing module."""
+  if _KERAS_HIDDEN_HERE and item.get_closest_marker("keras") is not None:
+    pytest.fail(
+        "%s is marked keras, but this pytest process imported TensorFlow "
+        "without Keras: %s is first on its PYTHONPATH (tools/test puts it "
+        "there for files not marked keras). Run it with tools/test, or "
+        "take that folder off PYTHONPATH." % (item.nodeid,
+                                              support.TASKS_HIDDEN),
+        pytrace=False)
 
 
 def pytest_sessionstart(session):

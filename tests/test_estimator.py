@@ -52,12 +52,12 @@ def _estimator_module():
 
 
 ESTIMATOR = _estimator_module()
-pytestmark = pytest.mark.skipif(ESTIMATOR is None, reason=(
+pytestmark = [pytest.mark.keras, pytest.mark.skipif(ESTIMATOR is None, reason=(
     "TensorFlow %s has no tf.compat.v1.estimator (removed in 2.16); CI runs "
     "this file on 2.15 (.ci/run), or by hand: SYNC_REPLICAS_TF="
     "'tensorflow-cpu==2.15.* numpy<2' SYNC_REPLICAS_VENV=.venv-215 "
     "./tools/test tests/test_estimator.py"
-    % tf.__version__))
+    % tf.__version__))]
 
 
 class _LastStep(tf.compat.v1.train.SessionRunHook):

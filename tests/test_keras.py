@@ -21,6 +21,8 @@ import sync_replicas
 import test_parity
 from sync_replicas import legacy
 
+pytestmark = pytest.mark.keras  # Keras in pytest's own process.
+
 tf_keras = support.require(
     "tf_keras", why="tests/test_keras.py trains Keras 2's legacy optimizers",
     install="setup.cfg's keras2 extra pins it: pip install --no-deps "

@@ -6,8 +6,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import support
 import sync_replicas
+
+pytestmark = pytest.mark.keras  # Its pytest process keeps Keras (a test says so).
 
 PACKAGE = pathlib.Path(sync_replicas.__file__).parent
 #: The package's modules the house rules apply to: the top level and the

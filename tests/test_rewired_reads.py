@@ -32,8 +32,8 @@ from sync_replicas import _rewired_reads
 SHARED = support.SharedCluster(num_workers=1, num_ps=2)
 # Closing stock's chief session ends its blocked queue-runner thread with a
 # CancelledError traceback: stock's known behaviour, not this test's failure.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore::pytest.PytestUnhandledThreadExceptionWarning")
+pytestmark = [pytest.mark.keras, pytest.mark.filterwarnings(  # keras: 2.15's Estimator
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning")]
 LR = 0.5
 #: The global step after each push of a parity run.
 STEPS = (1, 1, 2, 3, 4)

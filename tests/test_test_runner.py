@@ -555,6 +555,8 @@ def test_every_process_hides_sklearn_and_says_why(tmp_path, monkeypatch):
   # each process gets a stub first on PYTHONPATH, which children inherit,
   # and whose import fails. The digits' file is still found by metadata.
   monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+  # Keras kept: its stub, before this one, is the next test's.
+  monkeypatch.setenv(_run_tests.KEEP_KERAS_ENV, "1")
   env = _run_tests.Job("tests/test_x.py", [], [], tmp_path).environment()
   assert _run_tests.HIDDEN == support.HIDDEN
   assert env["PYTHONPATH"].split(os.pathsep) == [str(support.HIDDEN),
@@ -580,6 +582,51 @@ def test_every_process_hides_sklearn_and_says_why(tmp_path, monkeypatch):
   assert support.pythonpath("/root", environ=env).split(os.pathsep) == [
       "/root", str(support.HIDDEN), "/elsewhere"]
   assert support.without_hidden(env)["PYTHONPATH"] == "/elsewhere"
+
+
+def test_only_the_keras_files_process_keeps_keras_unless_told_otherwise(
+    tmp_path, expected, monkeypatch):
+  # Two short files marked keras and four others: the marked ones share one
+  # process, which alone imports Keras; the others' processes find the stub
+  # first. KEEP_KERAS_ENV=1 gives every process Keras, and the plan says so.
+  monkeypatch.delenv(_run_tests.KEEP_KERAS_ENV, raising=False)
+  monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+  expected.update({"test_k1.py": (30, 10), "test_k2.py": (20, 10),
+                   "test_a.py": (40, 10), "test_b.py": (35, 10),
+                   "test_c.py": (25, 10), "test_d.py": (10, 10)})
+  files = _files(tmp_path, sorted(expected))
+  for f in files:
+    if f.name.startswith("test_k"):
+      f.write_text("import pytest\npytestmark = [pytest.mark.quick,\n"
+                   "              pytest.mark.keras]\n")
+  groups = _run_tests.pack(files, workers=4)
+  keeping = [g for g in groups if _run_tests.keeps_keras(g)]
+  assert len(groups) == 4, groups
+  assert [sorted(f.name for f in g if f.name.startswith("test_k"))
+          for g in keeping] == [["test_k1.py", "test_k2.py"]], groups
+  jobs = [_run_tests.Job("group %d" % i, g, [], tmp_path)
+          for i, g in enumerate(groups)]
+  paths = {j.name: j.environment()["PYTHONPATH"].split(os.pathsep)
+           for j in jobs}
+  for job in jobs:
+    assert paths[job.name] == (
+        [str(support.HIDDEN), "/elsewhere"] if job.files in keeping else
+        [str(support.TASKS_HIDDEN), str(support.HIDDEN), "/elsewhere"])
+  assert _run_tests.KERAS_HIDDEN == support.TASKS_HIDDEN
+  hidden = next(j for j in jobs if j.files not in keeping)
+  proc = subprocess.run([sys.executable, "-c", "import keras"],
+                        env=hidden.environment(), cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60,
+                        check=False)
+  assert proc.returncode == 1, proc
+  assert "keras is hidden" in proc.stderr, proc.stderr
+  listing = "\n".join(_run_tests.plan(jobs, 4))
+  assert "Keras hidden from 3 of 4 pytest processes" in listing, listing
+  assert _run_tests.KEEP_KERAS_ENV + "=1" in listing, listing
+  monkeypatch.setenv(_run_tests.KEEP_KERAS_ENV, "1")
+  assert [j.environment()["PYTHONPATH"] for j in jobs] == [
+      os.pathsep.join([str(support.HIDDEN), "/elsewhere"])] * 4
+  assert "Keras hidden from 0 of 4" in _run_tests.keras_line(jobs)
 
 
 def test_tools_test_hides_sklearn_when_it_runs_files_itself(tmp_path,

@@ -14,7 +14,7 @@ import tensorflow as tf
 import sync_replicas
 import support
 
-pytestmark = pytest.mark.quick  # In ./tools/test --quick.
+pytestmark = [pytest.mark.quick, pytest.mark.keras]  # --quick; tf.keras here.
 
 
 def _model():

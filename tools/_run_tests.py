@@ -22,6 +22,16 @@ more of SciPy: measured, about 1.2 of the import's ~6 CPU-seconds, in each
 TensorFlow process. No test needs it: the digits are read from
 scikit-learn's file directly (examples/_digits.py).
 
+Keras is hidden from every process whose files are not marked ``keras``
+(``pytestmark = pytest.mark.keras``: the files that use it in pytest's own
+process): TESTS/_hidden_from_tasks, which tests/conftest.py puts first on the
+PYTHONPATH of the processes a test starts, comes first on that pytest
+process's PYTHONPATH too, so its ``import tensorflow`` skips Keras: a
+pytest process's start (``pytest --co`` of a small file, 2.21) took 3.6-3.7
+CPU-seconds instead of 4.4-4.9 (on 2.15 the import saves about 0.35). pack()
+keeps the marked files together, since Keras costs its import once per
+process whatever the files. KEEP_KERAS_ENV=1 gives every process Keras, as before.
+
 Each file's time and threads come from the last green run on this machine
 (MEASURED, which every green full run rewrites for the files it ran; see
 record_measured), else from EXPECTED, a green run's record committed in
@@ -57,12 +67,24 @@ TESTS = ROOT / "tests"
 HIDDEN = TESTS / "_hidden"
 
 
-def hiding_env(environ):
-  """A copy of ``environ`` with HIDDEN first on PYTHONPATH."""
+#: Also first on the PYTHONPATH of a pytest process none of whose files is
+#: marked ``keras``: its stub ``keras`` keeps ``import tensorflow`` from
+#: importing Keras (tests/support.py's TASKS_HIDDEN, which tests/conftest.py
+#: gives every process a test starts).
+KERAS_HIDDEN = TESTS / "_hidden_from_tasks"
+#: Set to 1, every pytest process keeps Keras, marked files or not: for a
+#: file that uses Keras in-process but is not marked ``keras`` (yet).
+KEEP_KERAS_ENV = "SYNC_REPLICAS_TEST_KEEP_KERAS"
+
+
+def hiding_env(environ, *, keras=True):
+  """A copy of ``environ`` with HIDDEN first on PYTHONPATH, and before it
+  KERAS_HIDDEN unless ``keras``."""
+  first = [str(HIDDEN)] if keras else [str(KERAS_HIDDEN), str(HIDDEN)]
   env = dict(environ)
   env["PYTHONPATH"] = os.pathsep.join(
-      [str(HIDDEN)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                       if p and p != str(HIDDEN)])
+      first + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+               if p and p not in first])
   return env
 
 
@@ -88,9 +110,12 @@ PROCESS_THREADS = 4_000
 #: A file expected to take longer than this runs in a process of its own:
 #: it is the suite's critical path already. Below it, files share: each
 #: process costs IMPORT_SECS of CPU, and on 2 cores the suite is CPU-bound
-#: (96-98% busy), so a process saved is time saved. At 45 s, 9 files ran
-#: alone; at 90, 5 (the files of process clusters and the soak).
-ALONE_SECS = 90
+#: (94-98% busy), so a process saved is time saved. At 45 s, 9 files ran
+#: alone; at 90, 5 (the files of process clusters and the soak). At 150 the
+#: default run's committed record runs none alone (its longest file,
+#: test_examples, is 137 s) and packs 13 processes instead of 19, none
+#: expected longer than 147 s against 142 (``tools/test --plan`` lists them).
+ALONE_SECS = 150
 #: Seconds to import TensorFlow and start pytest: what sharing saves.
 IMPORT_SECS = 5
 
@@ -134,6 +159,19 @@ def is_version_independent(path):
   return "version_independent" in module_marks(path)
 
 
+def needs_keras(path):
+  """Whether the file marks all its tests ``keras``: they use Keras in
+  pytest's own process, which therefore keeps it."""
+  return "keras" in module_marks(path)
+
+
+def keeps_keras(files):
+  """Whether the pytest process of ``files`` imports Keras: one of them
+  needs it, or KEEP_KERAS_ENV is 1."""
+  return (os.environ.get(KEEP_KERAS_ENV) == "1"
+          or any(needs_keras(f) for f in files))
+
+
 class Job:
   """One pytest process over one file, or over all the quick files."""
 
@@ -175,8 +213,9 @@ class Job:
                                    start_new_session=True)
 
   def environment(self):
-    """The process's environment: ours, sklearn hidden, its ports."""
-    env = hiding_env(os.environ)
+    """The process's environment: ours, sklearn hidden (and Keras, unless
+    ``keeps_keras``), its ports."""
+    env = hiding_env(os.environ, keras=keeps_keras(self.files))
     if self.kept is not None:
       env[FAILED_DIR_ENV] = str(self.kept)
     env[THREADS_OUT_ENV] = str(self.threads_out)
@@ -285,6 +324,10 @@ def parse_args(argv):
                            "its times and threads to tools/test_durations.json"
                            ", the schedule a clean clone starts from (a "
                            "default run's to its default part)")
+  parser.add_argument("--plan", action="store_true",
+                      help="print the processes the run would start, in "
+                           "order, with their files and expected seconds, "
+                           "and start none")
   parser.add_argument("--jobs", type=int,
                       default=int(os.environ.get("SYNC_REPLICAS_TEST_JOBS",
                                                  "4")),
@@ -478,10 +521,15 @@ def pack(files, workers):
   fewer would be expected to run longer than ALONE_SECS each: a shared
   process is never the suite's longest, so the longest-first order leaves
   only short processes for the end, when cores would otherwise idle.
+
+  A short file marked ``keras`` joins a shared process that has one
+  already, if one has room (its threads, and ALONE_SECS): Keras costs its
+  import once per process, whatever else the process runs.
   """
   alone, short = [], []
   secs = lambda group: sum(expected(f)[0] for f in group)
   threads = lambda group: sum(expected(f)[1] for f in group)
+  keras = {f for f in files if needs_keras(f)}
   for f in sorted(files, key=lambda f: (-expected(f)[0], f.name)):
     if expected(f)[0] > ALONE_SECS or expected(f)[1] >= PROCESS_THREADS:
       alone.append([f])
@@ -492,7 +540,11 @@ def pack(files, workers):
   for f in short:
     fits = [g for g in shared
             if threads(g) + expected(f)[1] <= PROCESS_THREADS]
-    if len(shared) < count or not fits:
+    with_keras = [g for g in fits if f in keras and keras.intersection(g)
+                  and secs(g) + expected(f)[0] <= ALONE_SECS]
+    if with_keras:
+      min(with_keras, key=secs).append(f)
+    elif len(shared) < count or not fits:
       shared.append([f])
     else:
       min(fits, key=secs).append(f)
@@ -553,6 +605,33 @@ def run(jobs, *, workers, stop_early):
     for job in running:
       job.kill()
   return done
+
+
+def plan(jobs, workers):
+  """Lines listing the processes ``jobs`` would start, in their order,
+  with their expected seconds (the import's included), threads and files,
+  and which keep Keras."""
+  lines = ["tools/test --plan: %d pytest processes, at most %d at a time, "
+           "started in this order (seconds expected: m, measured in the last "
+           "green run here; e, the committed record's):" % (len(jobs), workers)]
+  for job in jobs:
+    origin = "".join(sorted({"m" if f.name in MEASURED else "e"
+                             for f in job.files}))
+    lines.append("  %-32s %5.0f s %-2s %5d threads%s  %s" % (
+        job.name, job.expected_secs, origin,
+        sum(expected(f)[1] for f in job.files),
+        "  keras" if keeps_keras(job.files) else "",
+        " ".join(f.stem for f in job.files)))
+  lines.append(keras_line(jobs))
+  return lines
+
+
+def keras_line(jobs):
+  """The line saying which processes keep Keras, and how to give it to all."""
+  kept = sum(keeps_keras(j.files) for j in jobs)
+  return ("tools/test: Keras hidden from %d of %d pytest processes, kept by "
+          "the files marked keras (pytestmark = pytest.mark.keras); %s=1 keeps "
+          "it in all" % (len(jobs) - kept, len(jobs), KEEP_KERAS_ENV))
 
 
 def report(job, index, total):
@@ -697,6 +776,9 @@ def main(argv):
     if not jobs:
       print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
       return 5
+    if args.plan:
+      print("\n".join(plan(jobs, max(1, args.jobs))))
+      return 0
     done = run(jobs, workers=max(1, args.jobs), stop_early=stop_early)
     busy_at_end = machine_busy_secs()
     summary(done, [j for j in jobs if j not in done],
@@ -707,6 +789,7 @@ def main(argv):
     skipped = scale_line(done)
     if skipped:
       print(skipped)
+    print(keras_line(done))
     if len(done) == len(jobs):
       stretch = load_stretch(
           done, None if None in (busy_at_start, busy_at_end)
