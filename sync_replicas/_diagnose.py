@@ -11,11 +11,20 @@ holds the step of the last token it took, and pushes with it. They live on
 each worker's own task, so they are read only when a stall is reported (in a
 fresh graph, through ``VarHandleOp``/``VariableV2`` by the variable's name, as
 between-graph replication shares variables), never on the training path.
+
+A read runs in a thread of its own, and one that misses its bound is left
+behind; the interpreter's exit waits for it (``wait_for_reads``, bounded):
+a thread that comes back from TensorFlow while the interpreter finalizes is
+ended by CPython inside TensorFlow's C++ frames, which aborts the process
+("FATAL: exception not rethrown", exit 134) where Python's exit code was
+due (issue 46).
 """
 
+import atexit
 import collections
 import logging
 import threading
+import time
 
 import tensorflow as tf
 
@@ -30,6 +39,10 @@ REPLICA_JOBS = ("chief", "worker")
 #: Bound on reading one worker's local step: a dead worker is reported as
 #: unreachable, never waited for.
 READ_TIMEOUT_MS = 2000
+#: How long past its own bound the interpreter's exit waits for a read
+#: still in flight (``wait_for_reads``): a read through the task's own
+#: server ends by its bound; this is the time its thread needs to leave.
+EXIT_GRACE_SECS = 2.0
 
 # name: the variable's op name (the same in every worker's graph); dtype: its
 # dtype's name; resource: a resource variable (else a TF1 ref variable);
@@ -111,12 +124,16 @@ def _read_op(spec, device):
 class LocalStepReader:
   """Reads every worker's local step, each read bounded in time.
 
-  A read from a worker task that died can block inside TensorFlow beyond
-  any run timeout (measured: a read placed on a dead task of a live cluster
-  never returned). Each device is therefore read in a daemon thread of its
-  own, waited for at most ``timeout_secs``; a device whose earlier read still
-  blocks is reported unreachable without a second thread, so at most one
-  thread per dead task is ever left waiting.
+  A read placed on a task through another task's master (the chief's, the
+  ps's) blocks inside TensorFlow beyond any timeout while that task is
+  stopped or hung (measured: a read placed on a dead task of a live cluster
+  never returned; one on a SIGSTOPped task returns only when it resumes).
+  So a task whose address is known is read through its own server, where
+  the sessions' operation timeout bounds every call; and each device is read
+  in a daemon thread of its own, waited for at most ``timeout_secs``; a
+  device whose earlier read still blocks is reported unreachable without a
+  second thread, so at most one thread per silent task is ever left waiting,
+  and the interpreter's exit waits for it (``wait_for_reads``).
   """
 
   def __init__(self, spec, *, timeout_secs=READ_TIMEOUT_MS / 1000.0):
@@ -125,21 +142,28 @@ class LocalStepReader:
     self._timeout_secs = timeout_secs
     self._blocked = {}  # device -> the thread still inside its read
 
-  def read(self, target, devices, *, config=None):
-    """A ``LocalStep`` per device, in order, within about ``timeout_secs``."""
+  def read(self, target, devices, *, config=None, addresses=None):
+    """A ``LocalStep`` per device, in order, within about ``timeout_secs``.
+
+    ``addresses``: ``{device: "host:port"}`` of the tasks whose address is
+    known (``_lost.by_device``): each is read through its own server.
+    """
     results, threads = {}, {}
+    timeout_ms = int(self._timeout_secs * 1000)
     for device in devices:
       stuck = self._blocked.get(device)
       if stuck is not None and stuck.is_alive():
         results[device] = LocalStep(device, None,
                                     "unreachable (an earlier read still waits)")
         continue
+      address = (addresses or {}).get(device)
       thread = threading.Thread(
-          target=lambda d=device: results.__setitem__(
-              d, _read_one(target, self.spec, d, config,
-                           int(self._timeout_secs * 1000))),
+          target=lambda d=device, a=address: results.__setitem__(
+              d, _read_one(target, self.spec, d, config, timeout_ms,
+                           address=a)),
           name="SyncReplicasLocalStepRead", daemon=True)
       thread.start()
+      _in_flight(thread, self._timeout_secs)
       threads[device] = thread
     for device, thread in threads.items():
       thread.join(self._timeout_secs + 1.0)
@@ -151,15 +175,49 @@ class LocalStepReader:
     return [results[d] for d in devices]
 
 
-def _read_one(target, spec, device, config, timeout_ms):
-  """One device's local step, in a fresh graph and session."""
+#: Read threads started and their deadlines, for the interpreter's exit.
+_READS: list[tuple[threading.Thread, float]] = []
+_READS_LOCK = threading.Lock()
+
+
+def _in_flight(thread, timeout_secs):
+  with _READS_LOCK:
+    _READS[:] = [(t, d) for t, d in _READS if t.is_alive()]
+    _READS.append((thread, time.monotonic() + timeout_secs + EXIT_GRACE_SECS))
+
+
+def wait_for_reads(clock=time.monotonic):
+  """Waits for the reads still in flight, each until its deadline (its
+  bound and ``EXIT_GRACE_SECS``); registered with ``atexit``, which runs
+  before the interpreter finalizes. A read through another task's master
+  may outlive its deadline (the class says why): it is not waited for,
+  as an exit must not hang on a stopped task."""
+  with _READS_LOCK:
+    reads = list(_READS)
+  for thread, deadline in reads:
+    remaining = deadline - clock()
+    if remaining > 0:
+      thread.join(remaining)
+
+
+atexit.register(wait_for_reads)
+
+
+def _read_one(target, spec, device, config, timeout_ms, *, address=None):
+  """One device's local step, in a fresh graph and session: through the
+  task's own server at ``address`` if given, its every call bounded by
+  ``timeout_ms`` (the session's operation timeout), else through
+  ``target``'s master."""
   graph = tf.Graph()
   with graph.as_default():
     read = _read_op(spec, device)
   options = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms)
+  config = probe_config(config, device)
+  if address:
+    target = "grpc://" + address
+    config.operation_timeout_in_ms = timeout_ms
   try:
-    with tf.compat.v1.Session(target, graph=graph,
-                              config=probe_config(config, device)) as sess:
+    with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
       return _run_read(sess, read, device, options)
   except tf.errors.OpError as e:
     return LocalStep(device, None, _reason(e))

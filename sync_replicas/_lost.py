@@ -151,6 +151,13 @@ def _look(keys, addresses, devices, read_steps, probe):
   return found
 
 
+def by_device(addresses, devices):
+  """``{device: "host:port"}`` from ``{key: address}`` and ``{key:
+  device}``: where ``LocalStepReader.read`` reads each task through its
+  own server, every call bounded."""
+  return {devices[k]: a for k, a in addresses.items() if k in devices}
+
+
 def named(key, device, address):
   """``worker1 at 127.0.0.1:2225``: a worker as the lines name it, by its
   task (``_task_names``), with the address recorded on the ps if any."""
@@ -197,6 +204,8 @@ def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
     return ""
   total = ends.total_num_replicas
   config = _compat.session_config(sess)
+  addresses = ends.local_steps.read_addresses(sess)
+  devices = key_devices(reader.spec.device, total)
   lost = lacking(
       # Not the chief's own key (``ends.key``): this line is its own proof
       # that it runs, and a probe of itself can only mislead. Its task
@@ -205,10 +214,10 @@ def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
       # which the probe reports as a task "stopped or hung": seen on
       # TensorFlow 2.15 as the chief naming itself in its own stall line.
       keys=set(range(total)) - set(done) - {ends.key},
-      addresses=ends.local_steps.read_addresses(sess),
-      devices=key_devices(reader.spec.device, total),
-      read_steps=lambda devices: reader.read(sess.sess_str, devices,
-                                             config=config),
+      addresses=addresses, devices=devices,
+      read_steps=lambda wanted: reader.read(
+          sess.sess_str, wanted, config=config,
+          addresses=by_device(addresses, devices)),
       wait=wait)
   return clause(lost, missing=missing)
 
@@ -332,5 +341,6 @@ class ChiefWatch:
     return lacking(
         keys={CHIEF_KEY}, addresses=addresses, devices=self._devices,
         read_steps=lambda devices: self._reader.read(
-            session.sess_str, devices, config=config),
+            session.sess_str, devices, config=config,
+            addresses=by_device(addresses, self._devices)),
         wait=coord.wait_for_stop)

@@ -16,17 +16,24 @@ from sync_replicas import _compat
 from sync_replicas import _data_end
 from sync_replicas import _diagnose
 from sync_replicas import _lost
+from sync_replicas import _step_record
 from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
 
 
-def _read_local_steps(sess, local_step, reader):
+def _read_local_steps(sess, local_step, reader, recorded=None):
   """Every replica's local step, for the stall line; () if unknowable.
 
   Against a remote master, each replica task's (``reader``, a
   ``_diagnose.LocalStepReader``: a fresh session per read, bounded); in
   process, this chief's own (``local_step``). Only on a stall report.
+
+  A task whose address is known (``recorded`` on the ps, ``{device:
+  "host:port"}``, else TF_CONFIG's entry) is read through its own server,
+  every call bounded: through the chief's master a read of a stopped task
+  outlives its bound, and one left inside TensorFlow at exit can abort the
+  process (issue 46, ``_diagnose.LocalStepReader``).
   """
   if local_step is None:
     return ()
@@ -39,11 +46,28 @@ def _read_local_steps(sess, local_step, reader):
     if not devices:
       return [_diagnose.LocalStep(spec.device or "this replica",
                                   int(sess.run(local_step)), None)]
+    addresses = dict(recorded or {})
+    for device in devices:
+      address = addresses.get(device) or _step_record.task_address(
+          None, device)
+      if address:
+        addresses[device] = address
     return reader.read(sess.sess_str, devices,
-                       config=_compat.session_config(sess))
+                       config=_compat.session_config(sess),
+                       addresses=addresses)
   except Exception as e:  # pylint: disable=broad-except
     _LOG.debug("reading the replicas' local steps failed: %s", e)
     return ()
+
+
+def _recorded_addresses(sess, ends, reader):
+  """``{device: "host:port"}`` of the workers whose hook recorded its
+  address on the ps (a ``data_end`` policy's record); {} without one."""
+  if ends is None or reader is None:
+    return {}
+  return _lost.by_device(
+      ends.local_steps.read_addresses(sess),
+      _lost.key_devices(reader.spec.device, ends.total_num_replicas))
 
 
 def _timeout_error(waited, timeout_ms, what):
@@ -186,8 +210,9 @@ class StallWatch:
     local_steps = (ends.local_steps.read(sess, done, gone)
                    if ends is not None and done is not None else None)
     if local_steps is None:
-      local_steps = _read_local_steps(sess, self._local_step,
-                                      self._local_steps)
+      local_steps = _read_local_steps(
+          sess, self._local_step, self._local_steps,
+          recorded=_recorded_addresses(sess, ends, self._local_steps))
     lost = _lost.stall_clause(sess, ends=ends, done=done, counts=counts,
                               needed=needed, reader=self._local_steps,
                               wait=coord.wait_for_stop)

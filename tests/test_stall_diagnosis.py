@@ -7,8 +7,10 @@ pushes are stale, and names the likely cause where it can be detected.
 """
 
 import io
+import json
 import logging
 import threading
+import types
 
 import pytest
 import tensorflow as tf
@@ -16,6 +18,7 @@ import tensorflow as tf
 import support
 import sync_replicas
 from sync_replicas import _diagnose
+from sync_replicas import _stall_watch
 
 STALL_LOG_SECS = 0.3
 
@@ -162,6 +165,40 @@ def test_reading_a_dead_task_is_bounded():
   # A second read does not start a second thread for the blocked task.
   again = reader.read(alive.target, devices[1:])
   assert again[0].error == "unreachable (an earlier read still waits)"
+
+
+def test_the_stall_line_reads_a_task_whose_address_is_known_through_it(
+    monkeypatch):
+  """Without the record on the ps (``data_end="stock"``), the stall line
+  reads each task's local step; one whose address is known (recorded, else
+  TF_CONFIG's) through its own server, where every call is bounded: through
+  the chief's master a read of a stopped task outlived its bound, and one
+  that came back at exit aborted the process (issue 46)."""
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {
+      "ps": ["127.0.0.1:2222"],
+      "worker": ["127.0.0.1:2223", "127.0.0.1:2224", "127.0.0.1:2225"]}}))
+  devices = ["/job:worker/replica:0/task:%d" % i for i in range(3)]
+  asked = []
+
+  class Reader:
+    spec = _diagnose.LocalStepSpec("sync_rep_local_step", "int64", True,
+                                   "/job:worker/task:0")
+
+    def read(self, target, wanted, *, config=None, addresses=None):
+      del config
+      asked.append((target, wanted, addresses))
+      return [_diagnose.LocalStep(d, 0, None) for d in wanted]
+
+  sess = types.SimpleNamespace(
+      sess_str="grpc://127.0.0.1:2223",
+      list_devices=lambda: [types.SimpleNamespace(name=d + "/device:CPU:0")
+                            for d in ["/job:ps/replica:0/task:0", *devices]])
+  # Worker 1's recorded address wins over TF_CONFIG's.
+  _stall_watch._read_local_steps(  # pylint: disable=protected-access
+      sess, object(), Reader(), recorded={devices[1]: "10.0.0.2:2224"})
+  assert asked == [("grpc://127.0.0.1:2223", devices, {
+      devices[0]: "127.0.0.1:2223", devices[1]: "10.0.0.2:2224",
+      devices[2]: "127.0.0.1:2225"})], asked
 
 
 @pytest.mark.parametrize("local, tokens, starts, want", [

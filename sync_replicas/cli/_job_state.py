@@ -64,7 +64,8 @@ def replicas(state, manifest, reader, target, timeout):
   if not devices:
     return None
   found = reader.read(target, devices, config=tf.compat.v1.ConfigProto(
-      operation_timeout_in_ms=int(timeout * 1000)))
+      operation_timeout_in_ms=int(timeout * 1000)), addresses=_lost.by_device(
+          state.get("addresses") or {}, dict(enumerate(devices))))
   # The chief's stall line's words on the workers that cannot push, from
   # the readings above and a probe of each recorded address.
   by_device = dict(zip(devices, found, strict=True))
