@@ -17,7 +17,7 @@ behind; the interpreter's exit waits for it (``wait_for_reads``, bounded):
 a thread that comes back from TensorFlow while the interpreter finalizes is
 ended by CPython inside TensorFlow's C++ frames, which aborts the process
 ("FATAL: exception not rethrown", exit 134) where Python's exit code was
-due (issue 46).
+due.
 """
 
 import atexit

@@ -33,7 +33,7 @@ def _read_local_steps(sess, local_step, reader, recorded=None):
   "host:port"}``, else TF_CONFIG's entry) is read through its own server,
   every call bounded: through the chief's master a read of a stopped task
   outlives its bound, and one left inside TensorFlow at exit can abort the
-  process (issue 46, ``_diagnose.LocalStepReader``).
+  process (``_diagnose.LocalStepReader`` says how).
   """
   if local_step is None:
     return ()
