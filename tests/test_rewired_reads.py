@@ -164,6 +164,9 @@ def _train(style, opt_cls, **options):
             for v, value in zip(variables, values, strict=True)}, packed
 
 
+# tf-slim's layers call TensorFlow's legacy `layer.apply`, which warns that
+# it is deprecated: TensorFlow's words about tf-slim, not a finding here.
+@pytest.mark.filterwarnings("ignore:`layer.apply` is deprecated:UserWarning")
 @pytest.mark.parametrize("style", list(STYLES))
 def test_packed_reads_train_to_stocks_numbers(style, caplog):
   """Stock, ours, ours with the option: one set of numbers, to the bit."""
