@@ -101,6 +101,7 @@ side-by-side measurements.
 import array
 import atexit
 import errno
+import gc
 import json
 import logging
 import os
@@ -658,6 +659,13 @@ def main(argv):
   control = socket.socket(fileno=int(argv[1]))
   for name in filter(None, argv[2].split(",")):
     __import__(name)
+  # TensorFlow's modules, hundreds of thousands of objects, live as long as
+  # the zygote: frozen, a task's collections and its exit skip them instead
+  # of walking them (and touching, so copying, their pages) every time.
+  # Measured, a forked task building and running a small graph: 0.36
+  # CPU-seconds frozen against 0.77.
+  gc.collect()
+  gc.freeze()
   request = _serve(control)
   if request is None:
     return 0
