@@ -408,11 +408,11 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   again), not from the updates on the ps: the restarted ps got the model
   back from the chief's last checkpoint, and the updates after it are lost.
   """
-  # Workers 0 and 2 reach the ps kill at batch 11 or later of their 40
-  # (worker 1's 8, two updates, a run in flight, and what the test's polls
-  # lag behind: 17-18 at a load average of 30): data left for after the
-  # restart.
-  shards = [40, 8, 40]
+  # Data left for after the restart at any load: 60 batches each. At a
+  # load average of 30 workers 0 and 2 reached the ps kill at batch 17-18;
+  # on a quiet machine they train faster than the test's polls, and 30
+  # left none (tried: the job ended before the kill).
+  shards = [60, 8, 60]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
   _start(job)
@@ -451,11 +451,12 @@ def test_killed_ps_keeps_the_mark_of_a_worker_gone_for_good(job_factory):
   train their shards to the end; without that every update would wait for
   worker 1's gradient again, until the operation timeout.
   """
-  # Workers 0 and 2 reach the ps kill at about batch 8 of their 30 (five
-  # updates, worker 1 declared gone while no update comes, two updates, a
-  # run in flight: 8 at a load average of 30): data left for after the
-  # restart.
-  shards = [30, 30, 30]
+  # Data left for after the restart at any load: 60 batches each. On a
+  # quiet machine workers 0 and 2 pushed all of 30 (updates took their
+  # extra gradients) before worker 1 was declared gone, and the job ended
+  # before the ps kill (tried); at a load average of 30 they reached the
+  # kill at batch 8.
+  shards = [60, 60, 60]
   job = job_factory(workers=3, replicas=3, last_step=sum(shards),
                     delay=0.05, shards=shards)
   job.base["opt_kwargs"] = {"worker_gone_secs": 3.0}
