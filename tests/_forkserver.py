@@ -92,7 +92,10 @@ runs share the zygote's random one), and modules the zygote imported
 sys.path: the start-up key holds every variable read as a process starts
 or as TensorFlow loads (PYTHON*, TF_* but TF_CONFIG, LD_*, OMP_*, ...),
 and a request whose key differs gets its own zygote (at most
-``MAX_ZYGOTES``, then fresh processes).
+``MAX_ZYGOTES``, then fresh processes). The zygote's own objects are
+frozen (``gc.freeze``) before it forks: the garbage collector of a task
+never looks at them (``gc.get_freeze_count`` is not 0), which changes no
+program's result, only what its collections cost.
 
 ``SYNC_REPLICAS_FORKSERVER=0`` turns it off (every task fresh), for
 side-by-side measurements.
