@@ -1055,3 +1055,12 @@ def test_tools_test_help_is_its_own_and_starts_nothing(tmp_path):
     assert proc.stdout.startswith("Runs the test suite"), proc.stdout
     assert "source " not in proc.stdout and proc.stderr == "", proc
     assert not (tmp_path / ".venv").exists()
+
+
+def test_quick_runs_and_plans_at_most_two_processes_at_a_time():
+  # --quick packs its short files for two processes; its plan said "at most
+  # 4 at a time" (--jobs' default) while the run started two.
+  for argv, expected in [(["--quick"], 2), (["--quick", "--jobs", "1"], 1),
+                         ([], 4), (["--jobs", "6"], 6), (["--jobs", "0"], 1)]:
+    args, _ = _run_tests.parse_args(argv)
+    assert _run_tests.workers(args) == expected, argv

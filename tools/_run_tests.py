@@ -551,6 +551,13 @@ def pack(files, workers):
   return alone + shared
 
 
+def workers(args):
+  """Pytest processes at a time: ``--jobs``; with ``--quick`` at most two
+  (its files are short: two processes, one per core here, cost two imports,
+  not four)."""
+  return max(1, min(args.jobs, 2) if args.quick else args.jobs)
+
+
 def make_jobs(args, pytest_args, tmp, kept=None):
   files = sorted(TESTS.glob("test_*.py"))
   if args.quick:
@@ -563,9 +570,7 @@ def make_jobs(args, pytest_args, tmp, kept=None):
                ", ".join(f.name for f in skipped)))
     files = [f for f in files if f not in skipped]
   jobs = []
-  # The quick files are short: two processes (one per core here) cost two
-  # imports, not four.
-  for group in pack(files, min(args.jobs, 2) if args.quick else args.jobs):
+  for group in pack(files, workers(args)):
     name = ("tests/" + group[0].name if len(group) == 1 else
             "group %d" % (sum(len(j.files) > 1 for j in jobs) + 1))
     jobs.append(Job(name, sorted(group), pytest_args, tmp, kept))
@@ -777,9 +782,9 @@ def main(argv):
       print("tools/test: no test file under %s" % TESTS, file=sys.stderr)
       return 5
     if args.plan:
-      print("\n".join(plan(jobs, max(1, args.jobs))))
+      print("\n".join(plan(jobs, workers(args))))
       return 0
-    done = run(jobs, workers=max(1, args.jobs), stop_early=stop_early)
+    done = run(jobs, workers=workers(args), stop_early=stop_early)
     busy_at_end = machine_busy_secs()
     summary(done, [j for j in jobs if j not in done],
             time.monotonic() - start,
