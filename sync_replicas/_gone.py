@@ -400,14 +400,18 @@ class GoneWatch:
     # Never the chief's own key (``_lost.stall_clause`` says why): a probe
     # of itself that misses its bound would declare the chief gone.
     keys = (set(range(total)) & set(addresses)) - out - {self._ends.key}
+    devices = _lost.key_devices(self._reader.spec.device, total)
     lost = _lost.lacking(
         # Only a worker that started once (its hook recorded its address)
         # can be lost: one still starting up is not.
         keys=keys if only is None else keys & only,
-        addresses=addresses,
-        devices=_lost.key_devices(self._reader.spec.device, total),
-        read_steps=lambda devices: self._reader.read(
-            sess.sess_str, devices, config=config),
+        addresses=addresses, devices=devices,
+        # Each task through its own server, every call bounded: through
+        # the chief's master a read of a stopped task outlives its bound
+        # (``_diagnose.LocalStepReader``), and can end the process at exit.
+        read_steps=lambda wanted: self._reader.read(
+            sess.sess_str, wanted, config=config,
+            addresses=_lost.by_device(addresses, devices)),
         # A task that accepts connections but misses the read's bound (a
         # live one starved of CPU can) is declared only if a second look
         # finds it silent too.

@@ -182,7 +182,8 @@ def clause(lost, *, missing):
           % (missing, len(lost), "; ".join(entries)))
 
 
-def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
+def stall_clause(sess, *, ends, done, counts, needed, reader, addresses,
+                 wait):
   """The chief's clause for a stall line, "" where it cannot tell.
 
   Args:
@@ -194,6 +195,9 @@ def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
     needed: Gradients the update needs.
     reader: The runner's ``_diagnose.LocalStepReader`` (None without a
       local step).
+    addresses: ``{key: "host:port"}`` recorded on the ps
+      (``ends.local_steps.read_addresses``), read by the caller, whose
+      other reads of the tasks use them too.
     wait: The pause before a second look (``lacking``): the coordinator's
       ``wait_for_stop``.
   """
@@ -204,7 +208,6 @@ def stall_clause(sess, *, ends, done, counts, needed, reader, wait):
     return ""
   total = ends.total_num_replicas
   config = _compat.session_config(sess)
-  addresses = ends.local_steps.read_addresses(sess)
   devices = key_devices(reader.spec.device, total)
   lost = lacking(
       # Not the chief's own key (``ends.key``): this line is its own proof

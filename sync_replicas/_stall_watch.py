@@ -61,13 +61,12 @@ def _read_local_steps(sess, local_step, reader, recorded=None):
 
 
 def _recorded_addresses(sess, ends, reader):
-  """``{device: "host:port"}`` of the workers whose hook recorded its
-  address on the ps (a ``data_end`` policy's record); {} without one."""
-  if ends is None or reader is None:
+  """``{key: "host:port"}`` of the workers whose hook recorded its address
+  on the ps (a ``data_end`` policy's record), in one bounded run; {}
+  without one, or in process (no task is read or probed there)."""
+  if ends is None or reader is None or not sess.sess_str:
     return {}
-  return _lost.by_device(
-      ends.local_steps.read_addresses(sess),
-      _lost.key_devices(reader.spec.device, ends.total_num_replicas))
+  return ends.local_steps.read_addresses(sess)
 
 
 def _timeout_error(waited, timeout_ms, what):
@@ -205,6 +204,9 @@ class StallWatch:
     done, gone = _data_end.read_done(sess, ends)
     needed, done_clause = _data_end.stall_part(
         done, ends, self._replicas_to_aggregate, gone=gone)
+    # The addresses recorded on the ps, read once (a bounded run) for both
+    # reads of the tasks below.
+    addresses = _recorded_addresses(sess, ends, self._local_steps)
     # The workers' record on the ps (a data_end policy's); else each
     # worker task's local step, which device filters may hide.
     local_steps = (ends.local_steps.read(sess, done, gone)
@@ -212,10 +214,11 @@ class StallWatch:
     if local_steps is None:
       local_steps = _read_local_steps(
           sess, self._local_step, self._local_steps,
-          recorded=_recorded_addresses(sess, ends, self._local_steps))
+          # Only a record (``ends``) has addresses.
+          recorded=addresses and _lost.by_device(addresses, ends.devices))
     lost = _lost.stall_clause(sess, ends=ends, done=done, counts=counts,
                               needed=needed, reader=self._local_steps,
-                              wait=coord.wait_for_stop)
+                              addresses=addresses, wait=coord.wait_for_stop)
     what = _diagnose.verdict(
         names=self._status.names, counts=counts, tokens=tokens,
         replicas_to_aggregate=needed, global_step=int(step),

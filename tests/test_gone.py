@@ -608,9 +608,12 @@ class _Reads:
     self._answers = list(answers)
     self.reads = 0
 
-  def read(self, target, devices, *, config=None):
+  def read(self, target, devices, *, config=None, addresses=None):
     del target, config
     assert devices == ["/job:worker/replica:0/task:1"], devices
+    # Read through its own server (its recorded address), where every call
+    # is bounded: not through the chief's master (issue 46).
+    assert devices[0] in (addresses or {}), addresses
     self.reads += 1
     step = self._answers.pop(0)
     return [_diagnose.LocalStep(devices[0], step,

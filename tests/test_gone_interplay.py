@@ -5,9 +5,10 @@ One in-process cluster (a ps and three workers) serves every test. Workers
 are threads, each with its own graph and MonitoredSession on its own server.
 The lost worker stops for good between two runs, as a killed process does,
 and its task's address, the one its hook recorded on the ps (TF_CONFIG's
-entry, as a launched task's is), is a port where nothing listens: the
-chief's probe finds it refused, as it finds a dead task's (test_gone proves
-the same with SIGKILLed processes, test_gone_hosts with a host cut off).
+entry, as a launched task's is), relays to its real server while it trains
+and is a port where nothing listens once it left: the chief's probe finds
+it refused, as it finds a dead task's (test_gone proves the same with
+SIGKILLed processes, test_gone_hosts with a host cut off).
 
 Everything is counted from the applied updates, on the ps: each gradient a
 worker pushes at local step s adds 1 to cell (s, worker) of ``counts`` (a
@@ -192,21 +193,134 @@ class Gate:
       return True
 
 
+class TaskAddress:
+  """A task's address as a port of its own that relays every connection to
+  the task's real server (``upstream``, ``host:port``) until ``close``,
+  after which connections to it are refused, as a dead task's are.
+
+  The chief reads a task's local step through the address its hook
+  recorded (the gone watch, the stall line: ``_diagnose.LocalStepReader``),
+  so that address must answer as the task's own server does while it
+  trains. Each connection is relayed, both ways, by two threads of its own
+  until either side closes; ``close`` ends every one and joins them all
+  with a deadline.
+  """
+
+  #: Bound on ``close``'s joins, in seconds.
+  CLOSE_SECS = 10.0
+
+  def __init__(self, upstream):
+    host, _, port = upstream.rpartition(":")
+    self._upstream = (host, int(port))
+    self._listener = socket.socket()
+    self._listener.bind(("127.0.0.1", 0))
+    self._listener.listen(128)
+    self.address = "127.0.0.1:%d" % self._listener.getsockname()[1]
+    self._lock = threading.Lock()
+    self._closed = False
+    self._sockets, self._threads = [], []
+    self._accepts = threading.Thread(target=self._accept, daemon=True,
+                                     name="relay-accept")
+    self._accepts.start()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def _accept(self):
+    while True:
+      try:
+        client, _ = self._listener.accept()
+      except OSError:  # ``close`` shut the listener down.
+        return
+      try:
+        server = socket.create_connection(self._upstream, timeout=5)
+        server.settimeout(None)
+      except OSError:
+        client.close()  # The task's server is gone: so is this connection.
+        continue
+      with self._lock:
+        if self._closed:
+          client.close()
+          server.close()
+          return
+        self._sockets += [client, server]
+        for source, sink in ((client, server), (server, client)):
+          thread = threading.Thread(target=_pump, args=(source, sink),
+                                    daemon=True, name="relay")
+          self._threads.append(thread)
+          thread.start()
+
+  def close(self):
+    """From now on connections are refused; every relayed one is ended."""
+    with self._lock:
+      if self._closed:
+        return
+      self._closed = True
+      sockets = list(self._sockets)
+    # A listening socket shut down stops listening at once (new
+    # connections are refused) and wakes the accept in flight.
+    _shut(self._listener)
+    for sock in sockets:
+      _shut(sock)
+    deadline = time.monotonic() + self.CLOSE_SECS
+    with self._lock:
+      threads = [self._accepts, *self._threads]
+    for thread in threads:
+      thread.join(max(deadline - time.monotonic(), 0.0))
+    alive = [t.name for t in threads if t.is_alive()]
+    self._listener.close()
+    for sock in sockets:
+      sock.close()
+    assert not alive, "relay threads still running after %.0f s: %s" % (
+        self.CLOSE_SECS, alive)
+
+
+def _shut(sock):
+  try:
+    sock.shutdown(socket.SHUT_RDWR)
+  except OSError:  # Not connected (any more).
+    pass
+
+
+def _pump(source, sink):
+  """Relays ``source`` to ``sink`` until either side closes, then ends the
+  connection both ways (the other direction's thread then ends too)."""
+  try:
+    while True:
+      data = source.recv(65536)
+      if not data:
+        break
+      sink.sendall(data)
+  except OSError:
+    pass
+  finally:
+    _shut(source)
+    _shut(sink)
+
+
+def _tf_config(monkeypatch, cluster, worker2):
+  """TF_CONFIG naming ``worker2`` as worker 2's address (its hook records
+  that entry on the ps)."""
+  spec = cluster.cluster_spec.as_dict()
+  spec["worker"] = list(spec["worker"])
+  spec["worker"][2] = worker2
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
+
+
 @pytest.fixture(name="lost")
 def _lost(monkeypatch):
   """The shared cluster, and worker 2's address as its hook records it
-  (TF_CONFIG's entry): a socket that listens while it trains (the kernel
-  accepts the probe's connection, and the probe then reads its local step
-  from its real server) and is closed when it leaves, so that from then on
-  its task refuses connections, as a dead task's does."""
-  with SHARED.use() as cluster, socket.socket() as listener:
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)  # Never accepted: a probe only connects.
-    spec = cluster.cluster_spec.as_dict()
-    spec["worker"] = list(spec["worker"])
-    spec["worker"][2] = "127.0.0.1:%d" % listener.getsockname()[1]
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
-    yield types.SimpleNamespace(cluster=cluster, leave=listener.close)
+  (TF_CONFIG's entry): a ``TaskAddress`` relaying to its real server while
+  it trains (the probe's connection is accepted, and a read of its local
+  step through that address answers), closed when it leaves, so that from
+  then on its task refuses connections, as a dead task's does."""
+  with SHARED.use() as cluster:
+    with TaskAddress(cluster.cluster_spec.as_dict()["worker"][2]) as worker2:
+      _tf_config(monkeypatch, cluster, worker2.address)
+      yield types.SimpleNamespace(cluster=cluster, leave=worker2.close)
 
 
 def _gone_lines(caplog):
@@ -456,7 +570,8 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
   for t in threads[1:]:
     t.start()
   returned = None
-  with socket.socket() as listener:
+  # Its task's address when it comes back: its real server, relayed.
+  with TaskAddress(cluster.cluster_spec.as_dict()["worker"][2]) as again:
     try:
       support.wait_until(lambda: lines(" is gone"), timeout=JOB_SECS,
                          what="the chief's line declaring worker 2 gone",
@@ -466,12 +581,7 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
       assert _step_of(cluster, jobs) == at
       # Its task comes back: an address that answers (the probe must not
       # find it gone again), a new graph and session on its server.
-      listener.bind(("127.0.0.1", 0))
-      listener.listen(128)
-      spec = cluster.cluster_spec.as_dict()
-      spec["worker"] = list(spec["worker"])
-      spec["worker"][2] = "127.0.0.1:%d" % listener.getsockname()[1]
-      monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec}))
+      _tf_config(monkeypatch, cluster, again.address)
       back = Worker(cluster, 2, replicas=W, rows=rows, last_step=last_step,
                     worker_gone_secs=GONE_SECS)
       release = _ReleaseAtStart(gate, at, early=lambda: lines(back_at_start))
@@ -513,8 +623,9 @@ def test_a_restarted_worker_left_without_a_token_is_taken_back_at_its_push(
       for t in threads + ([returned] if returned else []):
         t.join(JOB_SECS)
       raise
-  for t in threads[:2] + [returned]:
-    t.finish(timeout=JOB_SECS)
+    # Its address answers until every worker has ended.
+    for t in threads[:2] + [returned]:
+      t.finish(timeout=JOB_SECS)
   assert not lines(back_at_start), lines("worker2")
   assert len(lines(started_line)) == 1, lines("worker2")
   assert len(lines("worker2 is back (it pushed again")) == 1, lines(

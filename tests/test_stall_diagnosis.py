@@ -9,6 +9,7 @@ pushes are stale, and names the likely cause where it can be detected.
 import io
 import json
 import logging
+import socket
 import threading
 import types
 
@@ -199,6 +200,73 @@ def test_the_stall_line_reads_a_task_whose_address_is_known_through_it(
   assert asked == [("grpc://127.0.0.1:2223", devices, {
       devices[0]: "127.0.0.1:2223", devices[1]: "10.0.0.2:2224",
       devices[2]: "127.0.0.1:2225"})], asked
+
+
+def test_a_stall_line_reads_the_recorded_addresses_once(monkeypatch):
+  """With a record on the ps that holds no local step yet, both of the stall
+  line's looks at the tasks use the addresses recorded there: each task's
+  local step is read through its own server, and the workers that cannot
+  push are probed there. The record is read once for both (it was read by
+  each look, two runs on the ps per stall line)."""
+  refused = "127.0.0.1:%d" % sync_replicas.cluster.free_ports(1)[0]
+  devices = ["/job:worker/replica:0/task:%d" % i for i in range(3)]
+  listening = socket.socket()
+  listening.bind(("127.0.0.1", 0))
+  listening.listen(8)
+  answers = "127.0.0.1:%d" % listening.getsockname()[1]
+  recorded = {0: "127.0.0.1:2223", 1: refused, 2: answers}
+  read_addresses = []
+  reads = []
+
+  class Reader:
+
+    def __init__(self, spec):
+      self.spec = spec
+
+    def read(self, target, wanted, *, config=None, addresses=None):
+      del target, config
+      reads.append((wanted, addresses))
+      return [_diagnose.LocalStep(d, 7, None) for d in wanted]
+
+  def read_record(sess):
+    del sess
+    read_addresses.append(1)
+    return dict(recorded)
+
+  ends = types.SimpleNamespace(
+      done_keys="done_keys", total_num_replicas=3, key=0,
+      devices=dict(enumerate(devices)), need=lambda done: 3 - done,
+      local_steps=types.SimpleNamespace(
+          read=lambda sess, done, gone: None,  # No train run recorded yet.
+          read_addresses=read_record))
+  sess = types.SimpleNamespace(
+      sess_str="grpc://127.0.0.1:2223",
+      run=lambda fetches: ([], []),  # The done record: nobody done.
+      list_devices=lambda: [types.SimpleNamespace(name=d + "/device:CPU:0")
+                            for d in ["/job:ps/replica:0/task:0", *devices]])
+  monkeypatch.setattr(_stall_watch._diagnose, "LocalStepReader", Reader)  # pylint: disable=protected-access
+  with tf.Graph().as_default(), tf.compat.v1.device("/job:worker/task:0"):
+    local_step = tf.compat.v1.Variable(0, dtype=tf.int64,
+                                       name="sync_rep_local_step")
+  watch = _stall_watch.StallWatch(
+      status=types.SimpleNamespace(names=["w"]),
+      global_step=types.SimpleNamespace(dtype=tf.int64), replicas_to_aggregate=3,
+      loop=types.SimpleNamespace(data_end=ends), local_step=local_step,
+      stall_log_secs=1, stall_timeout_secs=None, updated_at=lambda: None,
+      clock=lambda: 0.0)
+  try:
+    what, names_one = watch._verdict(  # pylint: disable=protected-access
+        sess, types.SimpleNamespace(wait_for_stop=lambda secs: False),
+        step=7, counts=[2], tokens=0, starts=1)
+  finally:
+    listening.close()
+  assert read_addresses == [1], read_addresses
+  by_device = dict(zip(devices, (recorded[k] for k in range(3)), strict=True))
+  # Every task's local step, then worker 2's (worker 1 refuses: no read).
+  assert reads == [(devices, by_device), ([devices[2]], by_device)], reads
+  assert names_one, what
+  assert ("1 worker(s) cannot push: worker1 at %s: its task refuses "
+          "connections (down)" % refused) in what, what
 
 
 @pytest.mark.parametrize("local, tokens, starts, want", [
