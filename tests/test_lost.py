@@ -410,7 +410,8 @@ class Readme:
   """README's program as 1 ps and 3 worker processes (``lost_task.py``),
   with stock's class or ours, every update averaging all 3 gradients;
   ``env``: more of the tasks' environment; ``log_info``: the package's INFO
-  lines in each task's log too.
+  lines in each task's log too; ``pause_secs``: each worker's sleep before
+  each train run (none by default).
 
   The chief starts last, once the others' servers are up: its sync loop's
   first take starts with its session, and the first update needs every
@@ -420,7 +421,7 @@ class Readme:
 
   def __init__(self, tmp_path, impl, *, steps=100_000, env=None,
                batches=None, ps_waits="job_end", op_timeout_ms=TIMEOUT_MS,
-               log_info=False):
+               log_info=False, pause_secs=None):
     self._dir = tmp_path / impl
     self._dir.mkdir()
     ports = _ports.free_ports(4)
@@ -429,7 +430,7 @@ class Readme:
     self._spec = {"cluster": self.cluster, "impl": impl, "replicas": 3,
                   "steps": steps, "op_timeout_ms": op_timeout_ms,
                   "batches": batches, "ps_waits": ps_waits,
-                  "log_info": log_info}
+                  "log_info": log_info, "pause_secs": pause_secs}
     self.procs = {}
     copy = [p for p in [os.environ.get("SYNC_REPLICAS_KNOCKOUT_COPY")] if p]
     self._env = dict(os.environ, PYTHONPATH=support.pythonpath(
