@@ -15,7 +15,10 @@ gone) or ``error`` (the exception's type, whether it is a
 ``DeadlineExceededError``, and its message); the ps ``done`` once every
 replica is, or ``error`` when the chief stopped the job with one
 (README's ``wait_for_job_end``; with ``"ps_waits": "done"`` in the spec it
-waits only for the replicas' items, and serves a failed job on). The
+waits only for the replicas' items, and serves a failed job on). With
+``pause_secs`` in the spec a worker sleeps that long before each train
+run, so that a step limit lies a known time past a step (no CPU spent on
+the steps that only fill that time). The
 test reads what the user of each process would have seen without parsing
 tracebacks.
 """
@@ -85,12 +88,15 @@ def _train(spec, server, cluster, index):
   hooks = [opt.make_session_run_hook(is_chief),
            tf.compat.v1.train.StopAtStepHook(last_step=spec["steps"])]
   runs = 0
+  pause = spec.get("pause_secs") or 0.0
   with tf.compat.v1.train.MonitoredTrainingSession(
       master=server.target, is_chief=is_chief, hooks=hooks, config=config,
       max_wait_secs=60, save_summaries_steps=None, save_summaries_secs=None,
       log_step_count_steps=None) as sess:
     _emit(spec["out"], event="ready")
     while not sess.should_stop():
+      if pause:
+        time.sleep(pause)
       sess.run(train_op)
       runs += 1
       if runs % 10 == 0:

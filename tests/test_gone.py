@@ -40,6 +40,12 @@ GONE_SECS = 2.0
 #: probe (at most 2 s connect plus a bounded read), the loop's switch to
 #: polling, and the next update.
 SLACK_SECS = 15.0
+#: README's program's workers sleep this before each run in the test of
+#: its ending (tests/lost_task.py's ``pause_secs``) ...
+PAUSE_SECS = 0.05
+#: ... so that its step limit lies at least this long past the kill: far
+#: past worker_gone_secs and the probe, on a loaded machine too.
+README_PAUSED_SECS = 12.0
 #: Updates after a declaration that may still take a survivor's second
 #: push: the token released for the lost worker before its mark (the
 #: release before the declaration's look, and one in flight with it),
@@ -501,10 +507,16 @@ def test_readme_program_ends_every_process_with_a_worker_gone(tmp_path):
   per update with the token worker 2 never took (as stock's do). Both end
   with worker 2 declared gone; at 150 steps the second once reached the
   limit 1.9 s after the kill, gone never declared, and the ps waited for
-  worker 2's item."""
-  last_step = 1000
+  worker 2's item. So far is a time, not a number of steps: each worker
+  pauses PAUSE_SECS before each run, which puts the limit about
+  README_PAUSED_SECS of pauses past the kill (at step 20 or a few later)
+  however fast the machine steps. The limit was 1,000 unpaused steps: the
+  980 after the kill took 15 s at load average 15, at full speed on every
+  task, for nothing the test reads."""
+  last_step = 20 + int(README_PAUSED_SECS / PAUSE_SECS)
   job = test_lost.Readme(tmp_path, "ours", steps=last_step,
-                         env={"SYNC_REPLICAS_WORKER_GONE_SECS": "%g" % GONE_SECS})
+                         env={"SYNC_REPLICAS_WORKER_GONE_SECS": "%g" % GONE_SECS},
+                         pause_secs=PAUSE_SECS)
   try:
     support.wait_until(lambda: job.step() >= 20, timeout=120,
                        what="the chief past step 20", interval=0.1)

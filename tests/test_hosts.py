@@ -38,6 +38,8 @@ HAS_ESTIMATOR = digits_estimator.estimator_module() is not None
 _FINAL = re.compile(r"final test accuracy (\d\.\d+)")
 #: How long the cut-link test keeps the ps's host cut off.
 CUT_SECS = 5.0
+#: The cut-link test's step limit (its comment says why so many).
+CUT_LINK_STEPS = 150
 
 pytestmark = pytest.mark.skipif(
     not support.is_machine_root(),
@@ -313,15 +315,21 @@ def test_training_on_hosts_survives_a_cut_link_and_is_read_by_status(
   # update waits for it, and training must go on once the link is mended
   # (as tools/soak's cuts: the task lives on, unreachable); then, the chief
   # held, sync-replicas-status reads the job from outside. Steps slowed by
-  # a 50 ms median sleep (no CPU): 300 of them last long enough, on a
-  # loaded machine too, for the cut to come before the end; the ps on
-  # host0, the replicas on hosts 1 and 2.
+  # a 50 ms median sleep (no CPU; about 7 steps a second at load 10): the
+  # cut follows the chief's first progress line (its first step) by two
+  # commands entering the launch (logging every 10 steps, the chief's last
+  # line at the end of the status read was still its first, at load 8-10),
+  # and the rest of CUT_LINK_STEPS lasts long enough, on a loaded machine
+  # too, for the cut to come before the end. (300 steps trained nearly 290
+  # after the status read: 8 CPU-seconds and 20 s that nothing read.) The
+  # ps on host0, the replicas on hosts 1 and 2.
   logdir = tmp_path / "digits"
   proc = _start(["--hosts", "3", "--link-rate", "1gbit", "--ps", "1",
                  "--workers", "2", "--timeout", "300", "--", "python", "-m",
-                 "examples.digits", "--steps", "300", "--delay_ms", "50",
-                 "--log_every", "50", "--checkpoint_every", "1000",
-                 "--logdir", str(logdir), "--no_plot"])
+                 "examples.digits", "--steps", str(CUT_LINK_STEPS),
+                 "--delay_ms", "50", "--log_every", "50",
+                 "--checkpoint_every", "1000", "--logdir", str(logdir),
+                 "--no_plot"])
   try:
     output = support.OutputLines(proc.stdout)
     pid = int(output.find(r"--enter (\d+)", "the launch's --enter line",
@@ -371,8 +379,8 @@ def test_training_on_hosts_survives_a_cut_link_and_is_read_by_status(
   text = output.finish()
   assert proc.returncode == 0, text[-6000:]
   assert len(set(_addresses(cluster))) == 3, cluster
-  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step 300",
-                   text), text[-4000:]
+  assert re.search(r"\[chief0\] final test accuracy 0\.\d+ .* at step %d"
+                   % CUT_LINK_STEPS, text), text[-4000:]
   assert _final_accuracy(text) > 0.8, text[-4000:]
   assert status.returncode == 0, (status.stdout, status.stderr)
   assert re.search(r"global_step: \d+", status.stdout), status.stdout
