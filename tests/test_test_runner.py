@@ -1064,3 +1064,16 @@ def test_quick_runs_and_plans_at_most_two_processes_at_a_time():
                          ([], 4), (["--jobs", "6"], 6), (["--jobs", "0"], 1)]:
     args, _ = _run_tests.parse_args(argv)
     assert _run_tests.workers(args) == expected, argv
+
+
+def test_a_finished_process_says_when_it_ran_in_the_run(tmp_path, capsys):
+  # Where a schedule idled (a long process started late, a tail of one)
+  # shows in the headers: each says its span from the run's start.
+  job = _run_tests.Job("group 3", [], [], tmp_path)
+  job.log.write_text("its output\n")
+  job.rc, job.start, job.end = 0, 1000.0, 1121.4
+  _run_tests.report(job, 2, 14, began=900.0)
+  out = capsys.readouterr().out
+  assert "[2/14] group 3: exit 0 in 121 s (from 100 to 221 s of the run)\n" in (
+      out), out
+  assert out.endswith("its output\n"), out

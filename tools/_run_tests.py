@@ -588,13 +588,14 @@ def run(jobs, *, workers, stop_early):
   """Runs the jobs, at most ``workers`` at a time; returns those that ran."""
   pending, running, done = list(jobs), [], []
   stop = False
+  began = time.monotonic()
   try:
     while (pending and not stop) or running:
       for job in list(running):
         if job.poll():
           running.remove(job)
           done.append(job)
-          report(job, len(done), len(jobs))
+          report(job, len(done), len(jobs), began=began)
           # 2: interrupted; 4: a usage error, which every file would repeat.
           if job.rc in (2, 4) or (stop_early and job.rc not in (0, 5)):
             stop = True
@@ -639,11 +640,14 @@ def keras_line(jobs):
           "it in all" % (len(jobs) - kept, len(jobs), KEEP_KERAS_ENV))
 
 
-def report(job, index, total):
-  """Prints a finished job's whole output at once, under a header."""
-  sys.stdout.write("\n%s\n[%d/%d] %s: exit %d in %.0f s\n%s\n"
+def report(job, index, total, *, began):
+  """Prints a finished job's whole output at once, under a header: when it
+  ran, counted from the run's start (``began``), says where a schedule left
+  cores idle (few processes left at the end)."""
+  sys.stdout.write("\n%s\n[%d/%d] %s: exit %d in %.0f s (from %.0f to %.0f "
+                   "s of the run)\n%s\n"
                    % ("=" * 78, index, total, job.name, job.rc, job.secs,
-                      "=" * 78))
+                      job.start - began, job.end - began, "=" * 78))
   sys.stdout.write(job.log.read_text(errors="replace"))
   sys.stdout.flush()
 
