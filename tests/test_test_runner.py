@@ -12,6 +12,7 @@ And two helpers whose schedules other tests rely on:
 """
 
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -78,15 +79,37 @@ def test_long_files_run_alone_and_short_ones_share_under_the_thread_cap(
 
 def test_no_shared_process_is_expected_to_outlast_a_file_run_alone(
     tmp_path, expected):
-  # Ten files of 0.45 ALONE_SECS: two processes (the workers) would run
-  # 2.25 ALONE_SECS each, longer than any file alone; five run 0.9 each.
+  # Ten files of 0.45 ALONE_SECS in two lanes (the workers) of five: each
+  # lane's shortest file its tail, the other four in two processes of 0.9
+  # (one of 1.8 would outlast any file alone).
   expected.update({"test_%02d.py" % i: (0.45 * _run_tests.ALONE_SECS, 10)
                    for i in range(10)})
   groups = _run_tests.pack(_files(tmp_path, sorted(expected)), workers=2)
   lengths = [sum(expected[f.name][0] for f in g) for g in groups]
-  assert len(groups) == 5, lengths
+  assert sorted(len(g) for g in groups) == [1, 1, 2, 2, 2, 2], lengths
   assert max(lengths) <= _run_tests.ALONE_SECS, lengths
   assert sorted(f.name for g in groups for f in g) == sorted(expected)
+
+
+def test_each_core_ends_on_a_short_process(tmp_path, expected):
+  # The default run's shape: files of 2-60 s, 1,400 s in all, 4 at a time.
+  # Cut into equal processes, the last two of ten ran alone for their
+  # last 100 s; now each lane ends on a tail of about TAIL_SECS, and the
+  # run (longest first) starts the tails last.
+  sizes = [60, 55, 50, 48, 45, 40, 40, 38, 35, 33, 30, 30, 28, 27, 25, 25,
+           24, 22, 20, 20, 18, 17, 16, 15, 14, 13, 12, 11, 10, 10, 9, 8, 7,
+           6, 5, 4, 3, 3, 2, 2]
+  sizes = [s * 1400 / sum(sizes) for s in sizes]
+  expected.update({"test_%02d.py" % i: (secs, 10)
+                   for i, secs in enumerate(sizes)})
+  groups = _run_tests.pack(_files(tmp_path, sorted(expected)), workers=4)
+  lengths = sorted(sum(expected[f.name][0] for f in g) for g in groups)
+  assert sorted(f.name for g in groups for f in g) == sorted(expected)
+  assert max(lengths) <= 1.1 * _run_tests.ALONE_SECS, lengths
+  # Four tails, short against the rest; few processes (each an import).
+  assert all(l < 2 * _run_tests.TAIL_SECS for l in lengths[:4]), lengths
+  assert all(l > 2 * _run_tests.TAIL_SECS for l in lengths[4:]), lengths
+  assert len(groups) <= 4 + math.ceil(1400 / _run_tests.ALONE_SECS), lengths
 
 
 def test_an_unknown_file_runs_alone_and_first(tmp_path, expected):

@@ -116,6 +116,9 @@ PROCESS_THREADS = 4_000
 #: test_examples, is 137 s) and packs 13 processes instead of 19, none
 #: expected longer than 147 s against 142 (``tools/test --plan`` lists them).
 ALONE_SECS = 150
+#: Each lane's last process (``pack``) is about this long: short enough that
+#: the processes started last end close together.
+TAIL_SECS = 45
 #: Seconds to import TensorFlow and start pytest: what sharing saves.
 IMPORT_SECS = 5
 
@@ -513,42 +516,65 @@ def record_measured(done, pytest_args, path=None, *, every_tier=True,
 
 
 def pack(files, workers):
-  """Groups files into processes: the long alone, the rest sharing.
+  """Groups files into processes: the long alone, the rest sharing, the
+  shortest processes last.
 
-  Longest first, each short file joins the shared process with the least
-  expected time that has room for its threads. At least ``workers``
-  processes share the short files, more if their threads need it or if
-  fewer would be expected to run longer than ALONE_SECS each: a shared
-  process is never the suite's longest, so the longest-first order leaves
-  only short processes for the end, when cores would otherwise idle.
-
-  A short file marked ``keras`` joins a shared process that has one
-  already, if one has room (its threads, and ALONE_SECS): Keras costs its
-  import once per process, whatever else the process runs.
+  The files (a long one alone; the short ones marked ``keras`` first put
+  together, first fit within ALONE_SECS and the thread cap, so that Keras
+  costs its import once) go longest first into ``workers`` lanes, each to
+  the lane expected to end first. Each lane is then cut into processes: at
+  its end the shortest of its files share one of about TAIL_SECS (its
+  tail), the rest fill processes of about ALONE_SECS at most (below) and
+  PROCESS_THREADS. The run starts the longest processes first, so the tails
+  come last: as the cores free up one by one, short processes fill them. Cut
+  into equal processes instead, ten of 141 s at 4 at a time left the last
+  two running alone for their last 100 s (a quiet run, 2026-11-29).
   """
-  alone, short = [], []
   secs = lambda group: sum(expected(f)[0] for f in group)
   threads = lambda group: sum(expected(f)[1] for f in group)
-  keras = {f for f in files if needs_keras(f)}
+  fits = lambda group, more: (secs(group) + secs(more) <= ALONE_SECS and
+                              threads(group) + threads(more)
+                              <= PROCESS_THREADS)
+  alone, keras, items = [], [], []
   for f in sorted(files, key=lambda f: (-expected(f)[0], f.name)):
     if expected(f)[0] > ALONE_SECS or expected(f)[1] >= PROCESS_THREADS:
       alone.append([f])
+    elif needs_keras(f):
+      unit = next((u for u in keras if fits(u, [f])), None)
+      if unit is None:
+        keras.append([f])
+      else:
+        unit.append(f)
     else:
-      short.append(f)
-  count = max(workers, math.ceil(secs(short) / ALONE_SECS))
-  shared = []
-  for f in short:
-    fits = [g for g in shared
-            if threads(g) + expected(f)[1] <= PROCESS_THREADS]
-    with_keras = [g for g in fits if f in keras and keras.intersection(g)
-                  and secs(g) + expected(f)[0] <= ALONE_SECS]
-    if with_keras:
-      min(with_keras, key=secs).append(f)
-    elif len(shared) < count or not fits:
-      shared.append([f])
-    else:
-      min(fits, key=secs).append(f)
-  return alone + shared
+      items.append([f])
+  lanes = [[] for _ in range(max(1, workers))]
+  for item in sorted(alone + keras + items, key=lambda i: -secs(i)):
+    min(lanes, key=lambda lane: sum(secs(i) for i in lane)).append(item)
+  groups = []
+  for lane in lanes:
+    shared = [i for i in lane if i not in alone]
+    tail = []
+    for item in reversed(shared):  # The shortest first.
+      if secs(tail) >= TAIL_SECS:
+        break
+      if fits(tail, item):
+        tail += item
+    shared = [i for i in shared if not set(i) & set(tail)]
+    # The rest in as few processes as ALONE_SECS allows (10 % over it rather
+    # than one process more: 304 s are two of 152, not three of 101), each
+    # file (longest first) to the least loaded one with room for its
+    # threads.
+    cut = [[] for _ in range(
+        math.ceil(secs(sum(shared, [])) / ALONE_SECS - 0.1))]
+    for item in shared:
+      room = [g for g in cut if threads(g) + threads(item) <= PROCESS_THREADS]
+      if room:
+        min(room, key=secs).extend(item)
+      else:
+        cut.append(list(item))
+    groups += [i for i in lane if i in alone] + [g for g in cut if g] + (
+        [tail] if tail else [])
+  return groups
 
 
 def workers(args):
