@@ -347,7 +347,7 @@ class DataEnd:
   def all_done(self, done):
     return done >= self.total_num_replicas
 
-  def announce(self, session, *, batches, clock=time.monotonic):
+  def announce(self, session, *, batches):
     """Records this worker as done; returns the workers done, or None if the
     job already ended (the token queue is closed) or the record could not
     be written.
@@ -368,13 +368,12 @@ class DataEnd:
     try:
       done = self._record(session, value)
     except tf.errors.OpError as e:
-      if not (_unanswered(e) or errors.is_recoverable_error(e)) or not (
-          getattr(session, "sess_str", None)):
+      if not _retried(e) or not getattr(session, "sess_str", None):
         _LOG.info("sync_replicas: %s could not record that its data ended "
                   "(%s): the job is probably over", self.who,
                   type(e).__name__)
         return None
-      done = self._record_again(session, value, first=e, clock=clock)
+      done = self._record_again(session, value, first=e)
     if done is None:
       return None
     # The chief's own end: no poll of its loop may see it before a restart
@@ -393,7 +392,7 @@ class DataEnd:
                 feed_dict={self._key: self.key, self._batches: value})
     return int(session.run(self.done_count, options=options))
 
-  def _record_again(self, session, value, *, first, clock):
+  def _record_again(self, session, value, *, first):
     """``announce``'s tries after its first met the record's ps task not
     answering: the workers done, or None (the job ended, or no try got
     through within the bound).
@@ -408,11 +407,12 @@ class DataEnd:
     test_recovery: still refused 90 s after the ps was back). A new
     session's first run waits for the task to answer, with no timeout at
     all (its CreateSession ignores ``operation_timeout_in_ms``; measured on
-    2.21), hence the thread: the next try starts after ``RECORD_WAIT_SECS``,
-    each wait ``RECORD_BACKOFF`` times longer (a try still waiting may yet
-    get through: whichever does first counts; inserting the key twice
-    writes the same value), and a try still waiting at the bound is left
-    to its daemon thread, and records nothing.
+    2.15 and 2.21), hence the thread: the next try starts after
+    ``RECORD_WAIT_SECS``, each wait ``RECORD_BACKOFF`` times longer (a try
+    still waiting may yet get through: whichever does first counts;
+    inserting the key twice writes the same value), and a try still
+    waiting at the bound is left to its daemon thread, and records
+    nothing.
     """
     bound, why = _record_bound(session)
     where = self.done_count.device or "the global step's device"
@@ -421,10 +421,10 @@ class DataEnd:
               "tries again for up to %.0f s (%s), each try in a new session",
               self.who, where, type(first).__name__, bound, why)
     results, given_up = queue.Queue(), threading.Event()
-    start = clock()
+    start = time.monotonic()
     deadline, wait, error, tries = start + bound, RECORD_WAIT_SECS, first, 0
     launch = True
-    while clock() < deadline:
+    while time.monotonic() < deadline:
       if launch:
         tries += 1
         threading.Thread(
@@ -432,7 +432,8 @@ class DataEnd:
             args=(session, value, results, given_up), daemon=True,
             name="sync_replicas-data-end-%d" % tries).start()
       try:
-        done = results.get(timeout=max(0.0, min(wait, deadline - clock())))
+        done = results.get(
+            timeout=max(0.0, min(wait, deadline - time.monotonic())))
       except queue.Empty:
         # No try got through yet: one more, whose channel starts afresh.
         wait = min(wait * RECORD_BACKOFF, RECORD_WAIT_MAX_SECS)
@@ -440,7 +441,7 @@ class DataEnd:
         continue
       if isinstance(done, tf.errors.OpError):
         error = done
-        if not (_unanswered(error) or errors.is_recoverable_error(error)):
+        if not _retried(error):
           break
         launch = False  # The next try after a wait for the others'.
         continue
@@ -450,7 +451,7 @@ class DataEnd:
       else:
         _LOG.info("sync_replicas: %s recorded its data end on the ps after "
                   "%.1f s (%s; try %d, in a new session)", self.who,
-                  clock() - start, where, tries)
+                  time.monotonic() - start, where, tries)
       return done
     given_up.set()
     _LOG.warning(
@@ -458,7 +459,7 @@ class DataEnd:
         "%.0f s and %d tries (%s): the task of the done record, %s, did not "
         "take it (%s). If the job goes on, every update waits for this "
         "worker's gradient until the operation timeout", self.who,
-        clock() - start, tries, why, where, type(error).__name__)
+        time.monotonic() - start, tries, why, where, type(error).__name__)
     return None
 
   def _try_in_new_session(self, session, value, results, given_up):
@@ -602,11 +603,13 @@ class DataEnd:
     return _gone.gone_keys(keys, values)
 
 
-def _unanswered(error):
-  """Whether a run's ``error`` says its ps task did not answer at all
-  (down, or too slow), rather than answered after a restart."""
-  return isinstance(error, (tf.errors.UnavailableError,
-                            tf.errors.DeadlineExceededError))
+def _retried(error):
+  """Whether a record that raised ``error`` is tried again: its ps task did
+  not answer (down, too slow) or answered as a restarted task does
+  (MonitoredSession's errors, or a CancelledError carrying one:
+  ``errors.is_recoverable_error``)."""
+  return isinstance(error, tf.errors.DeadlineExceededError) or (
+      errors.is_recoverable_error(error))
 
 
 def _record_bound(session):
