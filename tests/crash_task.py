@@ -77,24 +77,46 @@ class _Relabel(tf.compat.v1.train.SessionRunHook):
     _emit(self._out, event="session", label=self._state["label"])
 
 
-def _wait_while_held(spec, state, timeout=HOLD_TIMEOUT_SECS):
+def _wait_while_held(spec, state, timeout=HOLD_TIMEOUT_SECS, *,
+                     path=None, event="held"):
   """Pauses between steps while the test holds this task (``hold_file``).
 
   The test holds the tasks that keep training while it restarts another, so
   that how long a restart takes never decides whether training ends first.
   Once paused it says so (``held``, with the batches trained), so that the
-  test knows when no run of this task is in flight.
+  test knows when no run of this task is in flight. ``path``: another file
+  that holds it (``_HoldAtEnd``'s), said as ``event``.
   """
-  path = spec.get("hold_file")
+  path = path or spec.get("hold_file")
   deadline = time.monotonic() + timeout
   said = False
   while path and os.path.exists(path):
     if not said:
-      _emit(spec["out"], event="held", runs=state["runs"])
+      _emit(spec["out"], event=event, runs=state["runs"])
       said = True
     if time.monotonic() > deadline:
       raise RuntimeError("still held by %s after %d s" % (path, timeout))
     time.sleep(0.05)
+
+
+class _HoldAtEnd(tf.compat.v1.train.SessionRunHook):
+  """With ``end_hold_file`` (a path with ``%d`` for the task): at the
+  session's end, before the sync hook's (listed first), pauses while the
+  test holds this task there (that file exists), saying so (``ending``).
+  The run that ended the session already ran; the sync hook's ``end()``,
+  which records a data end on the ps, comes after the pause: the test
+  decides what that record meets (test_recovery: a ps task down).
+  """
+
+  def __init__(self, spec, state):
+    self._spec = spec
+    self._state = state
+
+  def end(self, session):
+    del session
+    _wait_while_held(
+        self._spec, self._state, event="ending",
+        path=self._spec["end_hold_file"] % self._spec["task"])
 
 
 def _session_loop(spec, session_kwargs, train_op, relabel, rng, state):
@@ -208,6 +230,8 @@ def _worker(spec):
     relabel = tf.compat.v1.assign(label, opt.local_step)
   hooks = [opt.make_session_run_hook(is_chief),
            _Relabel(relabel, spec["out"], state)]
+  if spec.get("end_hold_file"):
+    hooks.insert(0, _HoldAtEnd(spec, state))
   if shards is None:
     hooks.append(tf.compat.v1.train.StopAtStepHook(
         last_step=spec["last_step"]))

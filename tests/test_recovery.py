@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 import support
+import sync_replicas
 from sync_replicas import cluster as cluster_lib
 from sync_replicas.cli import _hosts
 
@@ -111,6 +112,16 @@ class Job:
 
   def release(self):
     pathlib.Path(self.base["hold_file"]).unlink()
+
+  def hold_at_end(self, task):
+    """Worker ``task`` pauses at its session's end, before its sync hook
+    records a data end on the ps, until ``release_end`` (crash_task's
+    ``_HoldAtEnd``; it says ``ending`` once there). Before ``start``."""
+    self.base["end_hold_file"] = str(self.tmp / "end_hold_worker%d")
+    pathlib.Path(self.base["end_hold_file"] % task).touch()
+
+  def release_end(self, task):
+    pathlib.Path(self.base["end_hold_file"] % task).unlink()
 
   def kill(self, job, task):
     support.kill_group(self.procs[(job, task)])
@@ -436,6 +447,122 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
   assert "the chief saw done (its ps task restarted?): put back worker1" in (
       chief_log), chief_log[-4000:]
   assert [_trained(job, t) for t in range(3)] == shards
+
+
+#: Worker 1's lines when its data-end record meets a ps task that does not
+#: answer (sync_replicas/_data_end.py), then once it recorded it.
+RECORD_RETRIED = "could not record its data end on the ps"
+RECORD_LANDED = "recorded its data end on the ps after"
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_whose_data_ends_while_the_ps_is_down_records_it_after(
+    job_factory):
+  """data_end="train_all": a data end that meets the done record's ps task
+  down is recorded once that task is back (issue 46).
+
+  Worker 1's one-pass shard (4 batches) ends first, and the test holds it
+  in its session's end, before its sync hook records the end on the ps
+  (crash_task's ``end_hold_file``). The others cannot train past it: each
+  update still needs its gradient. Then the ps is killed and worker 1 let
+  go: its record meets a task that does not answer, and it says it tries
+  again. Then the ps starts again on its port. Worker 1's session can never
+  run there again (the new task does not know it: "Session handle is not
+  found"), so worker 1 records through a new session; the chief learns it
+  from the record, the updates need two gradients, and the others train
+  their shards to the end, well before the operation timeout. Before,
+  worker 1 logged "the job is probably over" and exited 0: the restarted
+  ps never learnt it was done, the chief had not seen it done, and every
+  update waited for its gradient until that timeout (SyncTimeoutError
+  naming it "no step yet").
+  """
+  # The others' shards only need data left after the restart: they wait
+  # for worker 1's gradient in their train runs from its end on, each a
+  # batch or two past its 4.
+  shards = [16, 4, 16]
+  job = job_factory(workers=3, replicas=3, last_step=sum(shards),
+                    delay=0.05, shards=shards)
+  job.hold_at_end(1)
+  _start(job)
+  support.wait_until(lambda: "ending" in job.events("worker", 1),
+                     timeout=120, interval=0.1,
+                     what="worker 1 held at its data end, not yet recorded")
+  assert job.records("worker", 1)[-1]["runs"] == shards[1]
+  job.kill("ps", 0)
+  job.release_end(1)
+  # Worker 1's line that it tries again, or its exit without it (the
+  # failure this test is for).
+  support.wait_until(
+      lambda: RECORD_RETRIED in job.log("worker", 1) or (
+          "done" in job.events("worker", 1)),
+      timeout=60, interval=0.1, what="worker 1's record meeting the ps down")
+  assert RECORD_RETRIED in job.log("worker", 1), job.log_tail("worker", 1)
+  assert "done" not in job.events("worker", 1), job.log_tail("worker", 1)
+  restarted = time.monotonic()
+  job.start("ps", 0)
+  _finish_showing_the_chief(job, timeout=OP_TIMEOUT_MS / 1000, lines=30)
+  took = time.monotonic() - restarted
+  # The failure it replaces ends at the operation timeout, 90 s.
+  assert took < OP_TIMEOUT_MS / 1000 / 2, took
+  assert RECORD_LANDED in job.log("worker", 1), job.log_tail("worker", 1)
+  chief_log = job.log("worker", 0)
+  # One line per read of the record that found workers newly done: worker 2
+  # may share worker 1's.
+  learnt = re.findall(r"the chief learnt from the record on the ps that "
+                      r"(.*) (?:is|are) done", chief_log)
+  assert any("worker1" in names.split(", ") for names in learnt), (
+      chief_log[-4000:])
+  assert [_trained(job, t) for t in range(3)] == shards
+
+
+@pytest.mark.timeout(120)
+def test_a_data_end_that_meets_the_ps_gone_for_good_gives_up_at_the_timeout(
+    caplog):
+  """The bound of the tries above: a worker whose data end meets the done
+  record's ps task gone for good tries for its session's
+  operation_timeout_in_ms (3 s here), says it gave up, and returns, so that
+  its process exits; it records nothing (a try left waiting for that
+  address records nothing if it ever answers)."""
+  ports = cluster_lib.free_ports(2)
+  cluster = {"ps": ["127.0.0.1:%d" % ports[0]],
+             "worker": ["127.0.0.1:%d" % ports[1]]}
+  ps = support.start_crash_task_ps(
+      cluster, dict(os.environ, PYTHONPATH=support.pythonpath(ROOT)))
+  try:
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster),
+                                  job_name="worker", task_index=0)
+    with tf.Graph().as_default() as graph, tf.compat.v1.device(
+        tf.compat.v1.train.replica_device_setter(
+            cluster=tf.train.ClusterSpec(cluster),
+            worker_device="/job:worker/task:0")):
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      w = tf.compat.v1.get_variable("w", [], initializer=tf.ones_initializer())
+      opt = sync_replicas.SyncReplicasOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.1),
+          replicas_to_aggregate=1, total_num_replicas=1)
+      opt.minimize(tf.square(w), global_step=global_step)
+    config = tf.compat.v1.ConfigProto(
+        operation_timeout_in_ms=3_000,
+        device_filters=["/job:ps", "/job:worker/task:0"])
+    with tf.compat.v1.Session(server.target, graph=graph,
+                              config=config) as sess:
+      # The session's first run waits for the forked ps to serve (bounded
+      # by the test's timeout).
+      sess.run(global_step.initializer)
+      support.kill_group(ps)
+      start = time.monotonic()
+      with caplog.at_level("INFO", logger="sync_replicas"):
+        opt.announce_data_end(sess, is_chief=False, batches=3)
+      took = time.monotonic() - start
+  finally:
+    support.kill_group(ps)
+  said = caplog.text
+  assert RECORD_RETRIED in said and "for up to 3 s" in said, said
+  assert re.search(r"worker0 gave up recording its data end on the ps after "
+                   r"3 s and \d+ tries", said), said
+  assert "its data ended" not in said, said
+  # Its tries start 2 and 4 s apart: none may hold it past the bound.
+  assert 3.0 <= took < 6.0, took
 
 
 @pytest.mark.timeout(400)
