@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -489,13 +490,15 @@ def test_the_stall_line_names_the_workers_done(caplog):
       chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
                                     name="chief-step")
       chief.start()
-      support.wait_until(
-          lambda: any("1 of 3 workers done, their input ended: worker2" in
-                      r.getMessage() for r in caplog.records),
-          timeout=30, what="a stall line naming worker 2 done")
-      line = [r.getMessage() for r in caplog.records
-              if "no update for" in r.getMessage()][-1]
-      assert "w 1/2" in line, line  # min(R=3, 3 - 1 done) = 2 needed.
+      # A line logged before the chief's push landed says "w 0/2": wait
+      # for one with it in (seen once at load 8-9).
+      lines = lambda: [
+          r.getMessage() for r in caplog.records
+          if "1 of 3 workers done, their input ended: worker2" in
+          r.getMessage() and re.search(r"\bw 1/\d", r.getMessage())]
+      support.wait_until(lines, timeout=30, what=(
+          "a stall line naming worker 2 done, the chief's gradient in"))
+      assert "w 1/2" in lines()[-1], lines()  # min(R=3, 3 - 1 done) = 2.
     finally:
       if chief is not None:
         # Worker 1 is back: the update lands and the chief's run returns.
