@@ -38,7 +38,6 @@ loop runs no hooks: its script calls ``announce_data_end(sess)`` once.
 import json
 import logging
 import os
-import queue
 import random
 import re
 import threading
@@ -48,13 +47,13 @@ import typing
 import tensorflow as tf
 
 from sync_replicas import _abort
+from sync_replicas import _announce
 from sync_replicas import _compat
 from sync_replicas import _diagnose
 from sync_replicas import _gone
 from sync_replicas import _lost
 from sync_replicas import _step_record
 from sync_replicas import _task_names
-from sync_replicas import errors
 
 _LOG = logging.getLogger(__name__)
 
@@ -73,15 +72,6 @@ WAIT_POLL_SECS = 0.2
 #: ``stall_timeout_secs`` does not say otherwise. A worker that crashed is
 #: not done: the wait lets it recover.
 NO_PROGRESS_SECS = 600.0
-#: A worker whose data ended tries again to record it while the ps task of
-#: the done record does not answer (down, restarting), each try in a new
-#: session (``DataEnd._record_again``): the next try starts when one has
-#: waited this long, each wait RECORD_BACKOFF times longer, at most
-#: RECORD_WAIT_MAX_SECS. A try that reaches the task takes well under a
-#: second.
-RECORD_WAIT_SECS = 2.0
-RECORD_BACKOFF = 2.0
-RECORD_WAIT_MAX_SECS = 20.0
 
 _TASK = re.compile(r"/job:(?P<job>[^/]+)/(?:replica:\d+/)?task:(?P<task>\d+)")
 
@@ -158,6 +148,47 @@ class NoDataEnd:
     return generations.encode
 
 
+class _Seen:
+  """The chief's memory of the done record: ``{key: batches}`` of every
+  worker this process saw done. The record lives on one ps task; a restart
+  of that task empties it, and the workers that were done have exited and
+  cannot say it again, so the chief puts them back (``DataEnd.restore``)."""
+
+  def __init__(self):
+    self._batches = {}
+    self._lock = threading.Lock()
+
+  def keep(self, keys, batches):
+    with self._lock:
+      for key, value in zip(keys, batches, strict=True):
+        self._batches[int(key)] = int(value)
+
+  def learn(self, keys, batches, *, own, devices):
+    """``keep`` for what a read of the record holds, with one line naming
+    the workers done it newly tells this process of (the chief's): neither
+    a gone mark, which the chief makes or reads back with lines of its own,
+    nor the chief's own end (key ``own``), which its own line says."""
+    skip = set(_gone.gone_keys(keys, batches)) | {own}
+    with self._lock:
+      new = sorted({int(k) for k in keys} - set(self._batches) - skip)
+    self.keep(keys, batches)
+    if new:
+      _LOG.info("sync_replicas: the chief learnt from the record on the ps "
+                "that %s %s done", _task_names.listed(new, devices),
+                "is" if len(new) == 1 else "are")
+
+  def copy(self):
+    with self._lock:
+      return dict(self._batches)
+
+  def note(self, key, value=None):
+    """Keeps ``key`` with ``value``, or forgets it (None)."""
+    with self._lock:
+      if value is None:
+        self._batches.pop(int(key), None)
+      else:
+        self._batches[int(key)] = int(value)
+
 
 class DataEnd:
   """``"train_all"`` or ``"stop_together"``: the done record and its reads.
@@ -190,21 +221,15 @@ class DataEnd:
     #: name (``_lost.key_devices``).
     self.devices = {}
     self.done_count = self.done_keys = self.is_closed = None
-    self._key = self._batches = self._announce = None
     self._restore_keys = self._restore_batches = self._restore = None
-    self._session_start = None
+    self._announcement = None
     self.gone_marks = None
     #: Every worker's local step on the ps, for the chief's stall line.
     self.local_steps = _step_record.LocalStepRecord(
         shared_prefix=shared_prefix, total_num_replicas=total_num_replicas)
     #: Why the chief stopped a job that failed, for the workers (``_abort``).
     self.abort = _abort.AbortMark(shared_prefix=shared_prefix)
-    # The chief's memory of the record: key -> batches of every worker this
-    # process saw done. The record lives on one ps task; a restart of that
-    # task empties it, and the workers that were done have exited and
-    # cannot say it again, so the chief puts them back (``restore``).
-    self._seen = {}
-    self._seen_lock = threading.Lock()
+    self._seen = _Seen()  # The chief's memory of the record.
 
   def build(self, *, device, scope, token_queue, local_step):
     """The done record and the ops that read and write it."""
@@ -227,12 +252,11 @@ class DataEnd:
       self.done_keys = tf.raw_ops.LookupTableExportV2(
           table_handle=table, Tkeys=tf.int64, Tvalues=tf.int64,
           name="done_export")
-      self._key = tf.compat.v1.placeholder(tf.int64, [], name="done_key")
-      self._batches = tf.compat.v1.placeholder(tf.int64, [],
-                                               name="done_batches")
-      self._announce = tf.raw_ops.LookupTableInsertV2(
-          table_handle=table, keys=tf.reshape(self._key, [1]),
-          values=tf.reshape(self._batches, [1]), name="announce_done")
+      key = tf.compat.v1.placeholder(tf.int64, [], name="done_key")
+      batches = tf.compat.v1.placeholder(tf.int64, [], name="done_batches")
+      insert = tf.raw_ops.LookupTableInsertV2(
+          table_handle=table, keys=tf.reshape(key, [1]),
+          values=tf.reshape(batches, [1]), name="announce_done")
       self._restore_keys = tf.compat.v1.placeholder(
           tf.int64, [None], name="restore_keys")
       self._restore_batches = tf.compat.v1.placeholder(
@@ -248,10 +272,13 @@ class DataEnd:
       self.is_closed = token_queue.is_closed(name="token_queue_closed")
     with tf.compat.v1.device(local_step.device), tf.compat.v1.name_scope(
         scope):
-      # A new session's first run in ``_try_in_new_session``: nothing on
-      # the ps, so that all it waits for is the session's creation, which
-      # waits for the ps tasks to answer.
-      self._session_start = tf.no_op(name="data_end_session_start")
+      # Nothing on the ps: a new session's first run (``_announce``).
+      start = tf.no_op(name="data_end_session_start")
+    self._announcement = _announce.Announcement(
+        key=key, batches=batches, insert=insert, is_closed=self.is_closed,
+        done_count=self.done_count, session_start=start,
+        timeout_ms=RUN_TIMEOUT_MS, who=self.who,
+        where=self.done_count.device or "the global step's device")
 
   def need(self, done):
     """Gradients the next update needs with ``done`` workers done."""
@@ -350,172 +377,24 @@ class DataEnd:
   def announce(self, session, *, batches):
     """Records this worker as done; returns the workers done, or None if the
     job already ended (the token queue is closed) or the record could not
-    be written.
-
-    A record that meets the record's ps task not answering (down or
-    restarting: ``UnavailableError``, ``AbortedError``, a timeout) is tried
-    again (``_record_again``), for at most the session's
-    ``operation_timeout_in_ms`` (``NO_PROGRESS_SECS`` without one): that
-    task's restart empties the record, and neither the restarted task nor
-    the chief, which remembers only the ends it saw, would learn this one;
-    every update would wait for this worker's gradient until the operation
-    timeout. A job that ended (the token queue closed) returns None at the
-    first try.
-    """
+    be written: tried again while the record's ps task does not answer, for
+    at most the session's ``operation_timeout_in_ms`` (``_announce``)."""
     # -1: a caller that did not count them (announce_data_end's
     # batches=None).
     value = -1 if batches is None else batches
-    try:
-      done = self._record(session, value)
-    except tf.errors.OpError as e:
-      if not _retried(e) or not getattr(session, "sess_str", None):
-        _LOG.info("sync_replicas: %s could not record that its data ended "
-                  "(%s): the job is probably over", self.who,
-                  type(e).__name__)
-        return None
-      done = self._record_again(session, value, first=e)
+    done = self._announcement.record(session, self.key, value,
+                                     bound=_record_bound)
     if done is None:
       return None
     # The chief's own end: no poll of its loop may see it before a restart
     # of the record's ps task.
-    self._keep([self.key], [value])
+    self._seen.keep([self.key], [value])
     return done
-
-  def _record(self, session, value):
-    """One try of the record through ``session``: None if the job already
-    ended (the token queue is closed), else the workers done with this
-    one."""
-    options = tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS)
-    if session.run(self.is_closed, options=options):
-      return None
-    session.run(self._announce, options=options,
-                feed_dict={self._key: self.key, self._batches: value})
-    return int(session.run(self.done_count, options=options))
-
-  def _record_again(self, session, value, *, first):
-    """``announce``'s tries after its first met the record's ps task not
-    answering: the workers done, or None (the job ended, or no try got
-    through within the bound).
-
-    Every try opens a new session on the same target, graph and config,
-    and records through it in a thread of its own; the session is closed
-    after. The old one cannot do it: a ps task that restarted answers it
-    with ``AbortedError`` for good ("Session handle is not found": its
-    master made its worker session on the task that died; TensorFlow's
-    master_session.cc and session_mgr.cc), and while the task was down its
-    gRPC channel backs off between connection attempts (seen in
-    test_recovery: still refused 90 s after the ps was back). A new
-    session's first run waits for the task to answer, with no timeout at
-    all (its CreateSession ignores ``operation_timeout_in_ms``; measured on
-    2.15 and 2.21), hence the thread: the next try starts after
-    ``RECORD_WAIT_SECS``, each wait ``RECORD_BACKOFF`` times longer (a try
-    still waiting may yet get through: whichever does first counts;
-    inserting the key twice writes the same value), and a try still
-    waiting at the bound is left to its daemon thread, and records
-    nothing.
-    """
-    bound, why = _record_bound(session)
-    where = self.done_count.device or "the global step's device"
-    _LOG.info("sync_replicas: %s could not record its data end on the ps: "
-              "the task of the done record, %s, does not answer (%s); it "
-              "tries again for up to %.0f s (%s), each try in a new session",
-              self.who, where, type(first).__name__, bound, why)
-    results, given_up = queue.Queue(), threading.Event()
-    start = time.monotonic()
-    deadline, wait, error, tries = start + bound, RECORD_WAIT_SECS, first, 0
-    launch = True
-    while time.monotonic() < deadline:
-      if launch:
-        tries += 1
-        threading.Thread(
-            target=self._try_in_new_session,
-            args=(session, value, results, given_up), daemon=True,
-            name="sync_replicas-data-end-%d" % tries).start()
-      try:
-        done = results.get(
-            timeout=max(0.0, min(wait, deadline - time.monotonic())))
-      except queue.Empty:
-        # No try got through yet: one more, whose channel starts afresh.
-        wait = min(wait * RECORD_BACKOFF, RECORD_WAIT_MAX_SECS)
-        launch = True
-        continue
-      if isinstance(done, tf.errors.OpError):
-        error = done
-        if not _retried(error):
-          break
-        launch = False  # The next try after a wait for the others'.
-        continue
-      if done is None:
-        _LOG.info("sync_replicas: %s did not record its data end: the job "
-                  "ended meanwhile (the token queue is closed)", self.who)
-      else:
-        _LOG.info("sync_replicas: %s recorded its data end on the ps after "
-                  "%.1f s (%s; try %d, in a new session)", self.who,
-                  time.monotonic() - start, where, tries)
-      return done
-    given_up.set()
-    _LOG.warning(
-        "sync_replicas: %s gave up recording its data end on the ps after "
-        "%.0f s and %d tries (%s): the task of the done record, %s, did not "
-        "take it (%s). If the job goes on, every update waits for this "
-        "worker's gradient until the operation timeout", self.who,
-        time.monotonic() - start, tries, why, where, type(error).__name__)
-    return None
-
-  def _try_in_new_session(self, session, value, results, given_up):
-    """One of ``_record_again``'s tries: ``_record`` in a new session like
-    ``session`` (closed after), unless ``given_up`` (an Event) is set once
-    the session is created; puts its result, or the ``OpError`` it raised,
-    in ``results``."""
-    config = tf.compat.v1.ConfigProto()
-    old = _compat.session_config(session)
-    if old is not None:
-      config.CopyFrom(old)  # Its device_filters: the ps tasks and this one.
-    if config.operation_timeout_in_ms <= 0:
-      config.operation_timeout_in_ms = RUN_TIMEOUT_MS
-    try:
-      fresh = tf.compat.v1.Session(session.sess_str, graph=session.graph,
-                                   config=config)
-      try:
-        # Waits until the ps tasks answer: a try left waiting past the
-        # bound records nothing when they do (the worker said it gave up;
-        # the address may even serve another job by then).
-        fresh.run(self._session_start)
-        if not given_up.is_set():
-          results.put(self._record(fresh, value))
-      finally:
-        try:
-          fresh.close()
-        except tf.errors.OpError:
-          pass  # A task that went away again does not close it.
-    except tf.errors.OpError as e:
-      results.put(e)
-
-  def _keep(self, keys, batches):
-    with self._seen_lock:
-      for key, value in zip(keys, batches, strict=True):
-        self._seen[int(key)] = int(value)
-      return len(self._seen)
-
-  def _learn(self, keys, batches):
-    """``_keep`` for what a read of the record holds, with one line naming
-    the workers done it newly tells this process of (the chief's): neither
-    a gone mark, which the chief makes or reads back with lines of its own,
-    nor the chief's own end, which its own line says."""
-    skip = set(_gone.gone_keys(keys, batches)) | {self.key}
-    with self._seen_lock:
-      new = sorted({int(k) for k in keys} - set(self._seen) - skip)
-    self._keep(keys, batches)
-    if new:
-      _LOG.info("sync_replicas: the chief learnt from the record on the ps "
-                "that %s %s done", _task_names.listed(new, self.devices),
-                "is" if len(new) == 1 else "are")
 
   def seen_done(self):
     """``{key: batches}`` of every worker this process saw done: its own
     announcement and what ``remember`` read."""
-    with self._seen_lock:
-      return dict(self._seen)
+    return self._seen.copy()
 
   def remember(self, session, *, done):
     """Keeps every key of the record, read now, if ``done`` (the count the
@@ -524,22 +403,17 @@ class DataEnd:
     The chief's loop calls it on each poll: one read of the record per
     worker that becomes done, none otherwise.
     """
-    with self._seen_lock:
-      if done <= len(self._seen):
-        return
+    if done <= len(self._seen.copy()):
+      return
     keys, batches = session.run(
         self.done_keys,
         options=tf.compat.v1.RunOptions(timeout_in_ms=RUN_TIMEOUT_MS))
-    self._learn(keys, batches)
+    self._seen.learn(keys, batches, own=self.key, devices=self.devices)
 
   def note(self, key, value=None):
     """The chief's copy of the record: keeps ``key`` with ``value``, or
     forgets it (None: a gone worker taken back, ``_gone``)."""
-    with self._seen_lock:
-      if value is None:
-        self._seen.pop(int(key), None)
-      else:
-        self._seen[int(key)] = int(value)
+    self._seen.note(key, value)
 
   def restore(self, session):
     """Puts back on the ps every worker this process saw done; returns the
@@ -564,7 +438,7 @@ class DataEnd:
     try:
       keys, batches = session.run(self.done_keys, options=options)
       before = self.seen_done()
-      self._learn(keys, batches)
+      self._seen.learn(keys, batches, own=self.key, devices=self.devices)
       # Gone marks this process neither made nor saw: a chief that
       # restarted reads them back here, and says so (``_gone``).
       self.gone_marks.read_back(session, [
@@ -601,15 +475,6 @@ class DataEnd:
     except tf.errors.OpError:
       return []
     return _gone.gone_keys(keys, values)
-
-
-def _retried(error):
-  """Whether a record that raised ``error`` is tried again: its ps task did
-  not answer (down, too slow) or answered as a restarted task does
-  (MonitoredSession's errors, or a CancelledError carrying one:
-  ``errors.is_recoverable_error``)."""
-  return isinstance(error, tf.errors.DeadlineExceededError) or (
-      errors.is_recoverable_error(error))
 
 
 def _record_bound(session):

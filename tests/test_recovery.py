@@ -450,7 +450,7 @@ def test_killed_ps_keeps_the_record_of_a_worker_whose_data_ended(
 
 
 #: Worker 1's lines when its data-end record meets a ps task that does not
-#: answer (sync_replicas/_data_end.py), then once it recorded it.
+#: answer (sync_replicas/_announce.py), then once it recorded it.
 RECORD_RETRIED = "could not record its data end on the ps"
 RECORD_LANDED = "recorded its data end on the ps after"
 
