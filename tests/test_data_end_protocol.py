@@ -472,10 +472,14 @@ def _step_then_end_the_last(sessions, jobs):
   sessions[-1].close()
 
 
-def test_the_stall_line_names_the_workers_done(caplog):
-  """Worker 2's input ends, worker 1 stops pushing without ending (as a
-  crashed worker would): the update waits for it, and the stall line says
-  that only worker 2 is done."""
+@contextlib.contextmanager
+def _stalled_by_worker1(caplog, open_session):
+  """Three workers on the shared cluster, their sessions from
+  ``open_session(job)``, one train run each, then worker 2's input ends;
+  the chief's next run waits for worker 1, which stops pushing without
+  ending (as a crashed worker would). Yields while the chief waits, its
+  stall lines (every 0.3 s) in ``caplog``; then worker 1 is back: the
+  update lands and the chief's run returns."""
   with _SHARED.use(3) as cluster:
     jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
             for t, n in enumerate((5, 5, 1))]
@@ -484,28 +488,35 @@ def test_the_stall_line_names_the_workers_done(caplog):
     try:
       for job in jobs:
         with job.graph.as_default():
-          sessions.append(support.monitored_session(
-              job.target, is_chief=job.is_chief, hooks=job.hooks))
+          sessions.append(open_session(job))
       _step_then_end_the_last(sessions, jobs)
       chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
                                     name="chief-step")
       chief.start()
-      # A line logged before the chief's push landed says "w 0/2": wait
-      # for one with it in (seen once at load 8-9).
-      lines = lambda: [
-          r.getMessage() for r in caplog.records
-          if "1 of 3 workers done, their input ended: worker2" in
-          r.getMessage() and re.search(r"\bw 1/\d", r.getMessage())]
-      support.wait_until(lines, timeout=30, what=(
-          "a stall line naming worker 2 done, the chief's gradient in"))
-      assert "w 1/2" in lines()[-1], lines()  # min(R=3, 3 - 1 done) = 2.
+      yield
     finally:
       if chief is not None:
-        # Worker 1 is back: the update lands and the chief's run returns.
         sessions[1].run(jobs[1].train_op)
         chief.finish(timeout=30)
       for sess in reversed(sessions[:2]):
         sess.close()
+
+
+def test_the_stall_line_names_the_workers_done(caplog):
+  """Worker 2's input ends, worker 1 stops pushing without ending: the
+  update waits for it, and the stall line says that only worker 2 is
+  done."""
+  with _stalled_by_worker1(caplog, lambda job: support.monitored_session(
+      job.target, is_chief=job.is_chief, hooks=job.hooks)):
+    # A line logged before the chief's push landed says "w 0/2": wait
+    # for one with it in (seen once at load 8-9).
+    lines = lambda: [
+        r.getMessage() for r in caplog.records
+        if "1 of 3 workers done, their input ended: worker2" in
+        r.getMessage() and re.search(r"\bw 1/\d", r.getMessage())]
+    support.wait_until(lines, timeout=30, what=(
+        "a stall line naming worker 2 done, the chief's gradient in"))
+    assert "w 1/2" in lines()[-1], lines()  # min(R=3, 3 - 1 done) = 2.
 
 
 class _AbortWhenAsked(tf.compat.v1.train.SessionRunHook):
@@ -630,39 +641,23 @@ def test_the_stall_line_lists_every_worker_that_device_filters_hide(caplog):
   on the ps that each train run writes, and which are done: worker 2's
   input ended, worker 1 stops pushing without ending (as a crashed worker
   would) and keeps its last step."""
-  with _SHARED.use(3) as cluster:
-    jobs = [ShardWorker(cluster, t, workers=3, batches=n, stall_log_secs=0.3)
-            for t, n in enumerate((5, 5, 1))]
-    sessions, chief = [], None
-    caplog.set_level(logging.WARNING, logger="sync_replicas")
-    try:
-      for job in jobs:
-        config = support.session_config()
-        config.device_filters.extend(
-            ["/job:ps", "/job:worker/task:%d" % job.task])
-        with job.graph.as_default():
-          sessions.append(tf.compat.v1.train.MonitoredTrainingSession(
-              master=job.target, is_chief=job.is_chief, hooks=job.hooks,
-              config=config, stop_grace_period_secs=1,
-              save_summaries_steps=None, save_summaries_secs=None,
-              log_step_count_steps=None))
-      _step_then_end_the_last(sessions, jobs)
-      chief = support.BoundedThread(sessions[0].run, jobs[0].train_op,
-                                    name="chief-step")
-      chief.start()
-      # Every worker took the token of step 1 (its local step) in its one
-      # train run; the chief's second run waits for its next token.
-      expected = "workers' local steps: worker0 1, worker1 1, worker2 1 (done)"
-      support.wait_until(
-          lambda: any(expected in r.getMessage() for r in caplog.records),
-          timeout=30, what="a stall line naming every worker")
-    finally:
-      if chief is not None:
-        # Worker 1 is back: the update lands and the chief's run returns.
-        sessions[1].run(jobs[1].train_op)
-        chief.finish(timeout=30)
-      for sess in reversed(sessions[:2]):
-        sess.close()
+
+  def filtered_session(job):
+    config = support.session_config()
+    config.device_filters.extend(
+        ["/job:ps", "/job:worker/task:%d" % job.task])
+    return tf.compat.v1.train.MonitoredTrainingSession(
+        master=job.target, is_chief=job.is_chief, hooks=job.hooks,
+        config=config, stop_grace_period_secs=1, save_summaries_steps=None,
+        save_summaries_secs=None, log_step_count_steps=None)
+
+  with _stalled_by_worker1(caplog, filtered_session):
+    # Every worker took the token of step 1 (its local step) in its one
+    # train run; the chief's second run waits for its next token.
+    expected = "workers' local steps: worker0 1, worker1 1, worker2 1 (done)"
+    support.wait_until(
+        lambda: any(expected in r.getMessage() for r in caplog.records),
+        timeout=30, what="a stall line naming every worker")
 
 
 class _TwoPsWorker:
