@@ -97,6 +97,13 @@ def session_config(session):
   return getattr(session, "_config", None)
 
 
+def operation_timeout_ms(session):
+  """The ``operation_timeout_in_ms`` a session was created with; 0 for
+  none (no config, or the field unset)."""
+  config = session_config(session)
+  return config.operation_timeout_in_ms if config is not None else 0
+
+
 def request_stop(coord, exc_info):
   """``coord.request_stop(exc_info)`` from a thread beside the training
   thread; whether ``coord`` now holds that error, which its ``join`` (in

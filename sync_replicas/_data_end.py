@@ -482,8 +482,7 @@ def _record_bound(session):
   ``operation_timeout_in_ms``, after which the other workers' runs waiting
   for this worker's gradient end anyway; ``NO_PROGRESS_SECS`` without
   one."""
-  config = _compat.session_config(session)
-  timeout_ms = config.operation_timeout_in_ms if config is not None else 0
+  timeout_ms = _compat.operation_timeout_ms(session)
   if timeout_ms > 0:
     return timeout_ms / 1000.0, "the session's operation_timeout_in_ms"
   return NO_PROGRESS_SECS, ("the session has no operation_timeout_in_ms: "
@@ -748,8 +747,7 @@ class AnnouncesDataEnd:
     opt: typing.Any = self
     local_step = opt.local_step  # NotBuiltError before the build.
     ends = opt._data_end  # pylint: disable=protected-access
-    config = _compat.session_config(sess)
-    timeout_ms = config.operation_timeout_in_ms if config else 0
+    timeout_ms = _compat.operation_timeout_ms(sess)
     # A session-like object without a target (a test's recorder) gets none.
     if (not ends.enabled or not getattr(sess, "sess_str", None)
         or timeout_ms <= 0):

@@ -733,8 +733,7 @@ class SyncQueueRunner(tf.compat.v1.train.QueueRunner):
       threads.append(threading.Thread(
           target=self._stall.watch, args=(sess, coord),
           name="SyncQueueRunnerWatch-%s" % self.name))
-      config = _compat.session_config(sess)
-      timeout_ms = config.operation_timeout_in_ms if config else 0
+      timeout_ms = _compat.operation_timeout_ms(sess)
       # Only our loops note each update (sync_callable), and only against a
       # remote master are there tasks to lose.
       if (self._prompt_stop and sess.sess_str and timeout_ms > 0):
